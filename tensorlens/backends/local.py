@@ -1,0 +1,41 @@
+"""The ``"local"`` backend: the run store on disk (see :mod:`tensorlens.run_store`)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import ClassVar
+
+from tensorlens.backends.base import Backend, RunInfo
+from tensorlens.records import StepRecord
+from tensorlens.run_store import RunStoreWriter, store_filename
+
+
+class LocalBackend(Backend):
+    """Writes every record of this worker to ``<run_dir>/tensorlens.sqlite``."""
+
+    name: ClassVar[str] = "local"
+    supports_tensors: ClassVar[bool] = True
+    main_process_only: ClassVar[bool] = False  # each worker keeps its own file
+    critical: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        self._writer: RunStoreWriter | None = None
+
+    def open(self, run: RunInfo) -> None:
+        path = os.path.join(run.run_dir, store_filename(f"worker_{run.rank}", primary=run.rank == 0))
+        meta = {"run_name": run.run_name, "world_size": str(run.world_size), "config": json.dumps(run.config, default=str)}
+        self._writer = RunStoreWriter(path, meta)
+
+    @property
+    def path(self) -> str | None:
+        return self._writer.path if self._writer else None
+
+    def write(self, record: StepRecord) -> None:
+        assert self._writer is not None, "LocalBackend.write before open"
+        self._writer.write(record)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None

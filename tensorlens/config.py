@@ -1,0 +1,208 @@
+"""Save, reduction and histogram configuration: frozen dataclasses validated at construction.
+
+The vocabulary follows SageMaker Debugger so that its users recognise it:
+``SaveConfig(save_interval, start_step, end_step, save_steps)`` with per-mode overrides, and
+``ReductionConfig(reductions, abs_reductions, norms, abs_norms, save_raw_tensor)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from tensorlens.modes import ModeKeys
+
+#: Reductions over the values (``abs_<name>`` is the same reduction over ``|x|``).
+REDUCTIONS = ("min", "max", "mean", "std", "variance", "sum", "prod", "median")
+#: Norms; ``l1``, ``l2`` and ``linf`` of ``|x|`` equal those of ``x``, the abs forms exist for symmetry.
+NORMS = ("l1", "l2", "linf")
+#: Counts recorded for every tensor: NaN and Inf are never dropped silently.
+ALWAYS_RECORDED = ("numel", "nan_count", "inf_count")
+#: Optional count statistics.
+COUNTS = ("zero_fraction",)
+
+MAX_HISTOGRAM_BINS = 512  # W&B rejects more than 512 bins
+
+
+def expected(name: str, what: str, got: Any) -> ValueError:
+    """The uniform wording of every configuration error."""
+    return ValueError(f"Expected `{name}` to be {what}, but got {got!r}")
+
+
+def _int_or_none(name: str, value: Any, minimum: int = 0) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise expected(name, f"None or an integer >= {minimum}", value)
+
+
+def _names(name: str, value: Any, allowed: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, Iterable):
+        raise expected(name, "a list of names", value)
+    allowed = tuple(allowed)
+    out = tuple(value)
+    for item in out:
+        if item not in allowed:
+            raise expected(name, f"a list drawn from {list(allowed)}", value)
+    return tuple(dict.fromkeys(out))  # drop duplicates, keep order
+
+
+@dataclasses.dataclass(frozen=True)
+class SaveConfigMode:
+    """When to save, for one mode. A step is saved when ``start_step <= step < end_step`` and
+    ``(step - start_step) % save_interval == 0``, or when it is listed in ``save_steps``.
+
+    >>> SaveConfigMode(save_interval=10).should_save(20)
+    True
+    """
+
+    save_interval: int = 100
+    start_step: int = 0
+    end_step: int | None = None
+    save_steps: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.save_interval, bool) or not isinstance(self.save_interval, int) or self.save_interval < 1:
+            raise expected("save_interval", "an integer >= 1", self.save_interval)
+        _int_or_none("start_step", self.start_step)
+        if self.start_step is None:
+            raise expected("start_step", "an integer >= 0", None)
+        _int_or_none("end_step", self.end_step)
+        if self.end_step is not None and self.end_step < self.start_step:
+            raise expected("end_step", f"None or >= start_step ({self.start_step})", self.end_step)
+        steps = self.save_steps
+        if steps is None:
+            steps = ()
+        if isinstance(steps, int) or not isinstance(steps, Iterable):
+            raise expected("save_steps", "a list of integers >= 0", steps)
+        steps = tuple(steps)
+        for s in steps:
+            _int_or_none("save_steps", s)
+        object.__setattr__(self, "save_steps", tuple(sorted(set(steps))))
+
+    def should_save(self, step: int) -> bool:
+        if step in self.save_steps:
+            return True
+        if step < self.start_step or (self.end_step is not None and step >= self.end_step):
+            return False
+        return (step - self.start_step) % self.save_interval == 0
+
+
+@dataclasses.dataclass(frozen=True, init=False)
+class SaveConfig:
+    """A :class:`SaveConfigMode` for every mode, with optional per-mode overrides.
+
+    >>> cfg = SaveConfig(save_interval=10, mode_save_configs={ModeKeys.EVAL: SaveConfigMode(save_interval=1)})
+    >>> cfg.should_save(ModeKeys.TRAIN, 5), cfg.should_save(ModeKeys.EVAL, 5)
+    (False, True)
+    """
+
+    modes: Mapping[ModeKeys, SaveConfigMode]
+
+    def __init__(
+        self,
+        save_interval: int = 100,
+        start_step: int = 0,
+        end_step: int | None = None,
+        save_steps: Iterable[int] = (),
+        mode_save_configs: Mapping[ModeKeys | str, SaveConfigMode] | None = None,
+    ) -> None:
+        base = SaveConfigMode(save_interval, start_step, end_step, tuple(save_steps or ()))
+        modes = {mode: base for mode in ModeKeys}
+        if mode_save_configs is not None:
+            if not isinstance(mode_save_configs, Mapping):
+                raise expected("mode_save_configs", "a dict of mode -> SaveConfigMode", mode_save_configs)
+            for mode, cfg in mode_save_configs.items():
+                if not isinstance(cfg, SaveConfigMode):
+                    raise expected(f"mode_save_configs[{mode!r}]", "a SaveConfigMode", cfg)
+                modes[ModeKeys.coerce(mode)] = cfg
+        object.__setattr__(self, "modes", modes)
+
+    def should_save(self, mode: ModeKeys | str, mode_step: int) -> bool:
+        return self.modes[ModeKeys.coerce(mode)].should_save(mode_step)
+
+    def __repr__(self) -> str:
+        return f"SaveConfig({dict((str(k), v) for k, v in self.modes.items())})"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReductionConfig:
+    """Which statistics to record per tensor.
+
+    ``reductions`` and ``norms`` act on the values, ``abs_reductions`` and ``abs_norms`` on their
+    absolute values (recorded as ``abs_<name>``). ``numel``, ``nan_count`` and ``inf_count`` are
+    always recorded. ``save_raw_tensor`` stores the whole tensor (use sparingly);
+    ``save_shape`` records the shape.
+
+    >>> ReductionConfig(reductions=["min", "max"], norms=["l2"]).stat_names()
+    ('min', 'max', 'l2', 'numel', 'nan_count', 'inf_count')
+    """
+
+    reductions: tuple[str, ...] = ("min", "max", "mean", "std")
+    abs_reductions: tuple[str, ...] = ()
+    norms: tuple[str, ...] = ("l2",)
+    abs_norms: tuple[str, ...] = ()
+    counts: tuple[str, ...] = ()
+    save_raw_tensor: bool = False
+    save_shape: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reductions", _names("reductions", self.reductions, REDUCTIONS + NORMS))
+        object.__setattr__(self, "abs_reductions", _names("abs_reductions", self.abs_reductions, REDUCTIONS + NORMS))
+        object.__setattr__(self, "norms", _names("norms", self.norms, NORMS))
+        object.__setattr__(self, "abs_norms", _names("abs_norms", self.abs_norms, NORMS))
+        object.__setattr__(self, "counts", _names("counts", self.counts, COUNTS))
+        for flag in ("save_raw_tensor", "save_shape"):
+            if not isinstance(getattr(self, flag), bool):
+                raise expected(flag, "a bool", getattr(self, flag))
+
+    def stat_names(self) -> tuple[str, ...]:
+        """Every statistic name this config produces, in a stable order."""
+        names = list(self.reductions) + list(self.norms)
+        names += [f"abs_{n}" for n in self.abs_reductions + self.abs_norms]
+        names += list(self.counts) + list(ALWAYS_RECORDED)
+        return tuple(dict.fromkeys(names))
+
+
+@dataclasses.dataclass(frozen=True)
+class HistogramConfig:
+    """Histogram settings. ``bins=0`` turns histograms off.
+
+    - ``range``: ``None`` for each tensor's own finite ``[min, max]``, or a fixed ``(low, high)``;
+      values outside a fixed range are counted in ``underflow``/``overflow``, not binned.
+    - ``sample``: bin at most this many values per tensor, taken at a fixed stride
+      (every ``ceil(numel / sample)``-th value). Reductions always use every value.
+    - ``reject_outliers``: the fraction of (sampled) values farthest from the median that are
+      left out of the bins and the range (0.0 keeps all); they are counted in ``rejected``.
+
+    NaN and Inf are never binned; they are counted in ``nan_count`` / ``inf_count``.
+    """
+
+    bins: int = 64
+    range: tuple[float, float] | None = None
+    sample: int | None = None
+    reject_outliers: float = 0.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.bins, bool) or not isinstance(self.bins, int) or not 0 <= self.bins <= MAX_HISTOGRAM_BINS:
+            raise expected("bins", f"an integer in [0, {MAX_HISTOGRAM_BINS}]", self.bins)
+        if self.range is not None:
+            try:
+                low, high = (float(v) for v in self.range)
+            except (TypeError, ValueError):
+                raise expected("range", "None or a pair (low, high) of finite floats with low < high", self.range) from None
+            if not (low < high) or low != low or abs(low) == float("inf") or abs(high) == float("inf"):
+                raise expected("range", "None or a pair (low, high) of finite floats with low < high", self.range)
+            object.__setattr__(self, "range", (low, high))
+        _int_or_none("sample", self.sample, minimum=1)
+        if isinstance(self.reject_outliers, bool) or not isinstance(self.reject_outliers, (int, float)) or not (
+            0.0 <= self.reject_outliers < 1.0
+        ):
+            raise expected("reject_outliers", "a float in [0, 1)", self.reject_outliers)
+
+    @property
+    def enabled(self) -> bool:
+        return self.bins > 0

@@ -1,0 +1,192 @@
+"""The dispatcher: moves finished steps off the training thread and fans them out to backends.
+
+Training thread --(bounded queue)--> dispatcher thread (turns host statistics into a record)
+--> one bounded queue and thread per backend. A backend that raises or falls behind is isolated:
+one warning naming it, a counter of failed or dropped records, and nothing else is affected. The
+local store is *critical*: it is never dropped, the dispatcher waits for it instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import traceback
+import warnings
+from collections.abc import Callable, Sequence
+
+from tensorlens.backends.base import Backend, RunInfo
+from tensorlens.records import StepRecord
+
+_STOP = object()
+
+
+@dataclasses.dataclass
+class BackendStats:
+    written: int = 0
+    failed: int = 0
+    dropped: int = 0
+
+
+class _Channel:
+    """One backend behind its own queue and thread."""
+
+    def __init__(self, backend: Backend, run: RunInfo, max_pending: int) -> None:
+        self.backend = backend
+        self.stats = BackendStats()
+        self._run = run
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=max_pending)
+        self._warned = False
+        self._opened = False
+        self._thread = threading.Thread(target=self._loop, name=f"tensorlens-{backend.name}", daemon=True)
+        self._thread.start()
+
+    @property
+    def label(self) -> str:
+        return f"{type(self.backend).__name__} ({self.backend.name!r})"
+
+    def _warn(self, message: str) -> None:
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"tensorlens: backend {self.label} {message}; training continues, "
+                          "other backends are unaffected (this warning is shown once)", stacklevel=2)
+
+    def submit(self, record: StepRecord) -> None:
+        if self.backend.critical:
+            self._queue.put(record)
+            return
+        try:
+            self._queue.put_nowait(record)
+        except queue.Full:
+            self.stats.dropped += 1
+            self._warn("is falling behind and records are being dropped")
+
+    def _call(self, fn: Callable[[], None], what: str) -> bool:
+        try:
+            fn()
+            return True
+        except Exception as err:  # isolate any backend failure
+            self._warn(f"failed in {what}: {type(err).__name__}: {err}")
+            self._last_error = traceback.format_exc()
+            return False
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is _STOP:
+                    self._call(self.backend.close, "close()")
+                    return
+                if isinstance(item, threading.Event):  # a flush marker
+                    if self._opened:
+                        self._call(self.backend.flush, "flush()")
+                    item.set()
+                    continue
+                assert isinstance(item, StepRecord)
+                if not self._opened:
+                    self._opened = True
+                    if not self._call(lambda: self.backend.open(self._run), "open()"):
+                        self.backend = _Failed(self.backend)
+                record = _for_backend(item, self.backend)
+                if self._call(lambda: self.backend.write(record), "write()"):
+                    self.stats.written += 1
+                else:
+                    self.stats.failed += 1
+            finally:
+                self._queue.task_done()
+
+    def flush(self, timeout: float | None) -> bool:
+        done = threading.Event()
+        self._queue.put(done)
+        return done.wait(timeout)
+
+    def close(self, timeout: float | None) -> None:
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+
+
+class _Failed(Backend):
+    """Stands in for a backend whose ``open()`` raised: every write then fails and is counted."""
+
+    def __init__(self, original: Backend) -> None:
+        self.name = original.name  # type: ignore[misc]
+        self.critical = original.critical  # type: ignore[misc]
+
+    def write(self, record: StepRecord) -> None:
+        raise RuntimeError("the backend could not be opened")
+
+
+def _for_backend(record: StepRecord, backend: Backend) -> StepRecord:
+    if (backend.supports_histograms or not record.histograms) and (backend.supports_tensors or not record.tensors):
+        return record
+    return dataclasses.replace(
+        record,
+        histograms=record.histograms if backend.supports_histograms else [],
+        tensors=record.tensors if backend.supports_tensors else [],
+    )
+
+
+class Dispatcher:
+    """Turns pending steps into records on a background thread and hands them to every backend.
+
+    ``submit(make_record)`` takes a zero-argument callable that builds the :class:`StepRecord`,
+    so the (pure Python) conversion from host arrays to records also runs off the training thread.
+    """
+
+    def __init__(self, backends: Sequence[Backend], run: RunInfo, max_pending: int = 64) -> None:
+        self._channels = [_Channel(b, run, max_pending) for b in backends]
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=max_pending)
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="tensorlens-dispatch", daemon=True)
+        self._thread.start()
+
+    @property
+    def backends(self) -> list[Backend]:
+        return [c.backend for c in self._channels]
+
+    def stats(self) -> dict[str, BackendStats]:
+        return {c.backend.name: c.stats for c in self._channels}
+
+    def submit(self, make_record: Callable[[], StepRecord]) -> None:
+        if self._closed:
+            return
+        self._queue.put(make_record)  # blocks only if records pile up faster than they are built
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is _STOP:
+                    return
+                if isinstance(item, threading.Event):
+                    item.set()
+                    continue
+                try:
+                    record = item()  # type: ignore[operator]
+                except Exception as err:  # a bug of ours must not take training down
+                    warnings.warn(f"tensorlens: could not build a record: {type(err).__name__}: {err}", stacklevel=2)
+                    continue
+                for channel in self._channels:
+                    channel.submit(record)
+            finally:
+                self._queue.task_done()
+
+    def flush(self, timeout: float | None = 60.0) -> bool:
+        """Wait until every submitted step reached every backend and was flushed there."""
+        if self._closed:
+            return True
+        done = threading.Event()
+        self._queue.put(done)
+        if not done.wait(timeout):
+            return False
+        return all(c.flush(timeout) for c in self._channels)
+
+    def close(self, timeout: float | None = 60.0) -> None:
+        if self._closed:
+            return
+        self.flush(timeout)
+        self._closed = True
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+        for channel in self._channels:
+            channel.close(timeout)

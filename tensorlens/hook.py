@@ -1,0 +1,708 @@
+"""The hook: watches modules, decides which steps are saved, and hands each saved step to the
+statistics engine and then to the dispatcher.
+
+Step boundaries (no user call needed):
+
+- **train**: an optimizer step. A global optimizer step pre-hook reads weights and gradients
+  (so gradients are the accumulated ones, and unscaled when ``GradScaler.step`` unscales
+  before stepping), the post-hook closes the step. ``hook.step()`` does the same by hand for loops
+  without a ``torch.optim`` optimizer. With several optimizers, the first one that steps marks
+  the boundary.
+- **eval / predict**: each forward call of a registered root module is one mode step; it is
+  closed when the next one starts, when the mode changes, or at ``close()``.
+
+The mode follows ``module.training`` of the root unless :meth:`Hook.set_mode` fixed it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import re
+import time
+import uuid
+import warnings
+import weakref
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.utils.hooks import RemovableHandle
+
+from tensorlens import summaries
+from tensorlens.backends.base import Backend, RunInfo, create_backend
+from tensorlens.capture import ModuleCapture
+from tensorlens.collection import (
+    ALIASES,
+    DEFAULT_KINDS,
+    KINDS,
+    MODULE_KINDS,
+    SCALAR_KINDS,
+    Collection,
+    parameter_kind,
+)
+from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig, expected
+from tensorlens.dispatch import BackendStats, Dispatcher
+from tensorlens.modes import ModeKeys
+from tensorlens.records import ScalarEntry, StepRecord
+from tensorlens.run_store import safe_run_name
+from tensorlens.step_statistics import HostStatistics, StepStatistics, TensorJob, WorkerReducer
+
+DEFAULT_RUNS_DIR = "tensorlens_runs"
+WORKER_MODES = ("reduce", "one", "all")
+
+#: Reductions recorded when neither the hook nor the collection says otherwise.
+DEFAULT_REDUCTIONS = ReductionConfig()
+DEFAULT_ACTIVATION_REDUCTIONS = ReductionConfig(counts=("zero_fraction",))
+
+
+def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a hook callback so that no error of ours can take the training step down."""
+
+    @functools.wraps(fn)
+    def wrapper(self: Hook, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, *args, **kwargs)
+        except Exception as err:
+            self._warn_once(f"{fn.__name__}: {type(err).__name__}: {err}")
+            return None
+
+    return wrapper
+
+
+class Hook:
+    """Watches one or more modules and records statistics of their tensors.
+
+    >>> hook = Hook(out_dir="runs/exp1", save_config=SaveConfig(save_interval=10))  # doctest: +SKIP
+    >>> hook.register_module(model)                                               # doctest: +SKIP
+    >>> with hook: train(model)                                                   # doctest: +SKIP
+
+    Args:
+        out_dir: the run folder; default ``./tensorlens_runs/<run_name>``.
+        save_config: which steps to save (per collection overridable).
+        reduction_config: statistics for every tensor collection (per collection overridable);
+            default ``min max mean std l2`` (+ ``zero_fraction`` for activations).
+        histogram_config: histogram settings; ``HistogramConfig(bins=0)`` turns them off.
+        include_collections: collection names to record (``"all"`` and ``"default"`` expand);
+            default ``weights biases gradients losses summaries scalars``.
+        include_regex: extra name patterns recorded in the ``custom`` collection.
+        backends: ``"auto"`` (the local store plus the active W&B / MLflow run, if any), or a
+            list of names, ``Backend`` classes or instances. The local store is always added.
+        run_name: name of the run (default: the active tracker run's name, else time + id).
+        include_workers: under ``torch.distributed``: ``"reduce"`` (statistics of the whole,
+            merged across ranks), ``"one"`` (rank 0 only) or ``"all"`` (each rank on its own).
+    """
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str] | None = None,
+        save_config: SaveConfig | None = None,
+        reduction_config: ReductionConfig | None = None,
+        histogram_config: HistogramConfig | None = None,
+        include_collections: Iterable[str] | None = None,
+        include_regex: Iterable[str] | str | None = None,
+        backends: str | Sequence[str | Backend | type[Backend]] = "auto",
+        run_name: str | None = None,
+        include_workers: str = "reduce",
+        max_pending_steps: int = 64,
+    ) -> None:
+        if save_config is not None and not isinstance(save_config, SaveConfig):
+            raise expected("save_config", "a tl.SaveConfig", save_config)
+        if reduction_config is not None and not isinstance(reduction_config, ReductionConfig):
+            raise expected("reduction_config", "a tl.ReductionConfig", reduction_config)
+        if histogram_config is not None and not isinstance(histogram_config, HistogramConfig):
+            raise expected("histogram_config", "a tl.HistogramConfig", histogram_config)
+        if include_workers not in WORKER_MODES:
+            raise expected("include_workers", f"one of {list(WORKER_MODES)}", include_workers)
+        if isinstance(max_pending_steps, bool) or not isinstance(max_pending_steps, int) or max_pending_steps < 1:
+            raise expected("max_pending_steps", "an integer >= 1", max_pending_steps)
+        if run_name is not None and not isinstance(run_name, str):
+            raise expected("run_name", "None or a string", run_name)
+
+        self.save_config = save_config or SaveConfig()
+        self.reduction_config = reduction_config
+        self.histogram_config = histogram_config or HistogramConfig()
+        self.include_workers = include_workers
+        self._collections: dict[str, Collection] = {kind: Collection(kind) for kind in KINDS}
+        self._enabled: set[str] = set()
+        for name in DEFAULT_KINDS if include_collections is None else _names_list("include_collections", include_collections):
+            self._enable(name)
+        if include_regex is not None:
+            patterns = [include_regex] if isinstance(include_regex, str) else list(include_regex)
+            self.get_collection("custom").include(*patterns)
+
+        self.rank, self.world_size = _distributed_rank()
+        self.worker = "reduced" if self.world_size > 1 and include_workers == "reduce" else f"worker_{self.rank}"
+        self._reducer: WorkerReducer | None = None
+        if self.world_size > 1 and include_workers == "reduce":
+            from tensorlens.distributed import CollectiveReducer
+
+            self._reducer = CollectiveReducer()
+
+        self.run_name = safe_run_name(run_name or _tracker_run_name() or _default_run_name())
+        self.run_dir = os.path.abspath(os.fspath(out_dir)) if out_dir is not None else os.path.abspath(
+            os.path.join(DEFAULT_RUNS_DIR, self.run_name)
+        )
+        self._backends = self._resolve_backends(backends)
+        run = RunInfo(self.run_name, self.run_dir, self.rank, self.world_size, {"include_workers": include_workers})
+        self._dispatcher = Dispatcher(self._backends, run, max_pending=max_pending_steps)
+
+        self.step = 0  # optimizer steps taken
+        self._mode_steps = dict.fromkeys(ModeKeys, 0)
+        self._explicit_mode: ModeKeys | None = None
+        self._mode = ModeKeys.TRAIN
+        self._open_eval: ModeKeys | None = None  # an eval/predict step that has begun
+        self._roots: list[tuple[str, nn.Module]] = []
+        self._root_handles: list[RemovableHandle] = []
+        self._forward_depth = 0
+        self._capture = ModuleCapture(self._captured)
+        self._pending: dict[tuple[str, str], list[torch.Tensor]] = defaultdict(list)
+        self._pending_scalars: dict[tuple[str, str], list[float | torch.Tensor]] = defaultdict(list)
+        self._explicit: list[tuple[str, str, torch.Tensor]] = []  # save_tensor: (collection, name, tensor)
+        self._host_scalars: list[ScalarEntry] = []
+        self._primary_optimizer: weakref.ref[torch.optim.Optimizer] | None = None
+        self._pre_step: tuple[HostStatistics, list[ScalarEntry]] | None = None
+        self._update_snapshot: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+        self._saving_cache: tuple[ModeKeys, int, frozenset[str]] | None = None
+        self._engine = StepStatistics()
+        self._warned: set[str] = set()
+        self._closed = False
+        self._optimizer_handles = [
+            register_optimizer_step_pre_hook(self._weak(Hook._optimizer_pre_step)),
+            register_optimizer_step_post_hook(self._weak(Hook._optimizer_post_step)),
+        ]
+        summaries.activate(self)
+        self._atexit = self._weak(Hook.close)
+        atexit.register(self._atexit)
+
+    # ------------------------------------------------------------------ configuration
+
+    def _weak(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        """A callable that does not keep the hook alive (global hooks, atexit)."""
+        ref = weakref.ref(self)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            hook = ref()
+            return None if hook is None else method(hook, *args, **kwargs)
+
+        return call
+
+    def _resolve_backends(self, spec: str | Sequence[str | Backend | type[Backend]]) -> list[Backend]:
+        if isinstance(spec, str):
+            if spec != "auto":
+                spec = [spec]
+            else:
+                spec = _active_trackers()
+        elif not isinstance(spec, Sequence):
+            raise expected("backends", '"auto" or a list of names, Backend classes or instances', spec)
+        backends = [create_backend(s) for s in spec]
+        if not any(b.name == "local" for b in backends):
+            backends.insert(0, create_backend("local"))
+        if self.rank != 0 and self.include_workers != "all":
+            backends = [b for b in backends if not b.main_process_only]
+        return backends
+
+    def _enable(self, name: str) -> None:
+        for kind in ALIASES.get(name, (name,)):
+            self.get_collection(kind)
+            self._enabled.add(kind)
+        self._saving_cache = None
+
+    def get_collection(self, name: str) -> Collection:
+        """The collection called ``name``, created (as a custom collection) if new.
+
+        Configuring a collection (``include``) enables it; built-ins are also enabled through
+        ``include_collections``.
+        """
+        if name not in self._collections:
+            self._collections[name] = Collection(name)
+        collection = self._collections[name]
+        if collection.patterns or not collection.builtin:
+            self._enabled.add(name)
+        self._saving_cache = None
+        return collection
+
+    @property
+    def collections(self) -> dict[str, Collection]:
+        return dict(self._collections)
+
+    def enabled_collections(self) -> list[str]:
+        return sorted(n for n in self._enabled if n in self._collections and self._collections[n].kinds)
+
+    def add_collection(self, collection: Collection) -> Collection:
+        """Add (and enable) a collection built by hand."""
+        if not isinstance(collection, Collection):
+            raise expected("collection", "a tl.Collection", collection)
+        self._collections[collection.name] = collection
+        self._enabled.add(collection.name)
+        self._saving_cache = None
+        return collection
+
+    def register_module(self, module: nn.Module, name: str | None = None) -> Hook:
+        """Watch ``module``; ``name`` prefixes its tensor names (for several models in one run)."""
+        if not isinstance(module, nn.Module):
+            raise expected("module", "a torch.nn.Module", module)
+        if name is not None and (not isinstance(name, str) or not re.fullmatch(r"[\w.\-]+", name)):
+            raise expected("name", "None or a name of letters, digits, '_', '.' and '-'", name)
+        if any(m is module for _, m in self._roots):
+            return self
+        prefix = name or ""
+        if any(p == prefix for p, _ in self._roots):
+            raise ValueError(
+                f"A module is already registered under the name {prefix!r}: pass name=... to register_module "
+                "so the tensors of the two models get distinct names"
+            )
+        self._roots.append((prefix, module))
+        self._root_handles.append(module.register_forward_pre_hook(self._weak(Hook._root_forward_pre)))
+        self._root_handles.append(module.register_forward_hook(self._weak(Hook._root_forward_post)))
+        return self
+
+    def register_loss(self, loss_module: nn.Module, name: str | None = None) -> Hook:
+        """Record the output of ``loss_module`` under ``losses/<name>`` on saved steps
+        (the mean when it is called several times in one step)."""
+        if not isinstance(loss_module, nn.Module):
+            raise expected(
+                "loss_module",
+                "a torch.nn.Module (for a plain function call hook.save_scalar('loss', loss) instead)",
+                loss_module,
+            )
+        loss_name = name or type(loss_module).__name__.lower()
+
+        def record(module: nn.Module, args: Any, output: Any) -> None:
+            self._loss_output(loss_name, output)
+
+        self._root_handles.append(loss_module.register_forward_hook(record))
+        return self
+
+    def set_mode(self, mode: ModeKeys | str | None) -> None:
+        """Fix the mode (``tl.modes.TRAIN``, ``EVAL``, ``PREDICT``, ``GLOBAL``); ``None`` follows
+        ``module.training`` again."""
+        new = None if mode is None else ModeKeys.coerce(mode)
+        if self._open_eval is not None and new != self._open_eval:
+            self._close_eval_step()
+        self._explicit_mode = new
+        if new is not None:
+            self._mode = new
+
+    @property
+    def mode(self) -> ModeKeys:
+        return self._mode
+
+    def mode_step(self, mode: ModeKeys | str | None = None) -> int:
+        return self._mode_steps[ModeKeys.coerce(mode or self._mode)]
+
+    # ------------------------------------------------------------------ explicit values
+
+    def save_scalar(self, name: str, value: float | int | torch.Tensor) -> None:
+        """Record a number under ``scalars/<name>`` in the current step's record."""
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise expected("value", "a number or a one-element tensor", f"a tensor of shape {tuple(value.shape)}")
+            self._pending_scalars[("scalars", name)].append(value.detach().clone())
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            self._pending_scalars[("scalars", name)].append(float(value))
+        else:
+            raise expected("value", "a number or a one-element tensor", value)
+
+    def save_tensor(self, name: str, tensor: torch.Tensor, collections_to_write: str | Iterable[str] = "default") -> None:
+        """Record statistics of ``tensor`` in the current step under each of ``collections_to_write``."""
+        if not isinstance(tensor, torch.Tensor):
+            raise expected("tensor", "a torch.Tensor", tensor)
+        names = [collections_to_write] if isinstance(collections_to_write, str) else list(collections_to_write)
+        for collection in names:
+            if collection == "default":
+                collection = "summaries"
+            self._collections.setdefault(collection, Collection(collection))
+            self._explicit.append((collection, name, tensor.detach().clone()))
+
+    # ------------------------------------------------------------------ what is saved when
+
+    def _saving(self, mode: ModeKeys, mode_step: int) -> frozenset[str]:
+        """Names of the enabled collections that save this (mode, mode step)."""
+        cache = self._saving_cache
+        if cache is not None and cache[0] == mode and cache[1] == mode_step:
+            return cache[2]
+        saving = frozenset(
+            name
+            for name in self._enabled
+            if (c := self._collections.get(name)) is not None
+            and (c.save_config or self.save_config).should_save(mode, mode_step)
+        )
+        self._saving_cache = (mode, mode_step, saving)
+        return saving
+
+    def _collections_for(self, kind: str, name: str, saving: frozenset[str]) -> list[Collection]:
+        return [c for n in saving if (c := self._collections[n]).matches(kind, name)]
+
+    def _job(self, collection: Collection, kind: str, name: str, pieces: list[torch.Tensor]) -> TensorJob:
+        reduction = collection.reduction_config or self.reduction_config or (
+            DEFAULT_ACTIVATION_REDUCTIONS if kind == "activations" else DEFAULT_REDUCTIONS
+        )
+        return TensorJob(
+            name=collection.record_name(kind, name),
+            pieces=pieces,
+            stats=reduction.stat_names(),
+            histogram=collection.histogram_config or self.histogram_config,
+            save_raw=reduction.save_raw_tensor,
+            save_shape=reduction.save_shape,
+            plain_scalar=kind in SCALAR_KINDS,
+        )
+
+    def _current_mode(self, module: nn.Module) -> ModeKeys:
+        if self._explicit_mode is not None:
+            return self._explicit_mode
+        return ModeKeys.TRAIN if module.training else ModeKeys.EVAL
+
+    # ------------------------------------------------------------------ hook callbacks
+
+    @_guarded
+    def _root_forward_pre(self, module: nn.Module, args: Any) -> None:
+        self._forward_depth += 1
+        if self._forward_depth > 1:
+            return
+        mode = self._current_mode(module)
+        if self._open_eval is not None:
+            self._close_eval_step()  # the next forward begins: the previous eval step is complete
+        self._mode = mode
+        if mode in (ModeKeys.EVAL, ModeKeys.PREDICT):
+            self._open_eval = mode
+        saving = self._saving(mode, self._mode_steps[mode])
+        module_collections = [self._collections[n] for n in saving if set(self._collections[n].kinds) & set(MODULE_KINDS)]
+        if module_collections and not self._capture.attached:
+            self._attach_capture(module_collections)
+
+    @_guarded
+    def _root_forward_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        self._forward_depth = max(0, self._forward_depth - 1)
+
+    def _attach_capture(self, collections: list[Collection]) -> None:
+        chosen: dict[str, list[tuple[str, nn.Module]]] = {kind: [] for kind in MODULE_KINDS}
+        for prefix, root in self._roots:
+            for name, module in root.named_modules():
+                full = ".".join(p for p in (prefix, name) if p) or "model"
+                leaf = next(module.children(), None) is None
+                for kind in MODULE_KINDS:
+                    for c in collections:
+                        if kind in c.kinds and (c.matches(kind, full) if c.patterns else (c.builtin and leaf)):
+                            chosen[kind].append((full, module))
+                            break
+        self._capture.attach(chosen["activations"], chosen["inputs"], chosen["activation_gradients"])
+
+    def _captured(self, kind: str, name: str, tensor: torch.Tensor) -> None:
+        try:
+            self._pending[(kind, name)].append(tensor.detach().clone())
+        except Exception as err:
+            self._warn_once(f"capturing {kind}/{name}: {type(err).__name__}: {err}")
+
+    @_guarded
+    def _loss_output(self, name: str, output: Any) -> None:
+        if not isinstance(output, torch.Tensor) or "losses" not in self._saving(self._mode, self._mode_steps[self._mode]):
+            return
+        value = output.detach()
+        self._pending_scalars[("losses", name)].append(value.float().mean() if value.numel() != 1 else value.reshape(()).clone())
+
+    def _summary(self, name: str, value: Any, is_tensor: bool) -> None:
+        try:
+            if "summaries" not in self._saving(self._mode, self._mode_steps[self._mode]):
+                return
+            if is_tensor:
+                if not isinstance(value, torch.Tensor):
+                    raise expected("tensor", "a torch.Tensor", value)
+                self._pending[("summaries", name)].append(value.detach().clone())
+            else:
+                if isinstance(value, torch.Tensor):
+                    value = value.detach().float().mean() if value.numel() != 1 else value.detach().reshape(()).clone()
+                self._pending_scalars[("summaries", name)].append(value)
+        except Exception as err:
+            self._warn_once(f"summarize {name!r}: {type(err).__name__}: {err}")
+
+    def _optimizer_pre_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self._closed:
+            return
+        if self._primary_optimizer is None or self._primary_optimizer() is None:
+            self._primary_optimizer = weakref.ref(optimizer)
+        if self._primary_optimizer() is optimizer:
+            self._begin_train_step_end(optimizer)
+
+    def _optimizer_post_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not self._closed and self._primary_optimizer is not None and self._primary_optimizer() is optimizer:
+            self._finish_train_step()
+
+    def step(self) -> None:
+        """Close the current train step by hand (for loops without a ``torch.optim`` optimizer)."""
+        self._begin_train_step_end(None)
+        self._finish_train_step()
+
+    # ------------------------------------------------------------------ step boundaries
+
+    def _train_mode(self) -> ModeKeys:
+        return self._explicit_mode if self._explicit_mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL) else ModeKeys.TRAIN
+
+    def _parameters(self) -> list[tuple[str, torch.Tensor]]:
+        seen: set[int] = set()
+        out = []
+        for prefix, root in self._roots:
+            for name, param in root.named_parameters():
+                if id(param) in seen:  # tied weights are recorded once
+                    continue
+                seen.add(id(param))
+                out.append((f"{prefix}.{name}" if prefix else name, param))
+        return out
+
+    @_guarded
+    def _begin_train_step_end(self, optimizer: torch.optim.Optimizer | None) -> None:
+        if self._open_eval is not None:
+            self._close_eval_step()
+        mode = self._train_mode()
+        self._mode = mode
+        saving = self._saving(mode, self._mode_steps[mode])
+        jobs = self._parameter_jobs(saving) + self._pending_jobs(saving)
+        host_scalars = self._optimizer_scalars(optimizer, saving)
+        self._pre_step = (self._engine.compute(jobs, self._reducer), host_scalars)
+        if any(set(self._collections[n].kinds) & {"updates"} for n in saving):
+            self._update_snapshot = [
+                (name, p, _local(p).detach().clone()) for name, p in self._parameters()
+                if self._collections_for("updates", name, saving)
+            ]
+
+    def _parameter_jobs(self, saving: frozenset[str]) -> list[TensorJob]:
+        jobs = []
+        param_collections = saving - {"losses", "summaries", "scalars", "optimizer", "updates"}
+        if not param_collections:
+            return jobs
+        for name, param in self._parameters():
+            local = _local(param)
+            for c in self._collections_for(parameter_kind(name), name, saving):
+                jobs.append(self._job(c, parameter_kind(name), name, [local]))
+            grad = param.grad
+            if grad is not None:
+                for c in self._collections_for("gradients", name, saving):
+                    jobs.append(self._job(c, "gradients", name, [_local(grad)]))
+        return jobs
+
+    def _pending_jobs(self, saving: frozenset[str]) -> list[TensorJob]:
+        """Jobs for everything captured since the last boundary; clears the buffers."""
+        jobs = []
+        for (kind, name), pieces in self._pending.items():
+            for c in self._collections_for(kind, name, saving):
+                jobs.append(self._job(c, kind, name, pieces))
+        for (kind, name), values in self._pending_scalars.items():
+            collection = self._collections[kind]
+            if kind != "scalars" and collection.name not in saving:
+                continue  # explicit save_scalar values are always recorded
+            tensors = [v if isinstance(v, torch.Tensor) else torch.tensor(float(v), dtype=torch.float64) for v in values]
+            device = tensors[0].device
+            jobs.append(self._job(collection, kind, name, [t.to(device) for t in tensors]))
+        for collection_name, name, tensor in self._explicit:
+            collection = self._collections[collection_name]
+            kind = collection.kinds[0] if collection.builtin else "summaries"
+            job = self._job(collection, kind, name, [tensor])
+            job.name = f"{collection_name}/{name}"
+            jobs.append(job)
+        self._pending.clear()
+        self._pending_scalars.clear()
+        self._explicit.clear()
+        return jobs
+
+    def _optimizer_scalars(self, optimizer: torch.optim.Optimizer | None, saving: frozenset[str]) -> list[ScalarEntry]:
+        if optimizer is None or "optimizer" not in saving:
+            return []
+        out = []
+        for i, group in enumerate(optimizer.param_groups):
+            for key in ("lr", "momentum", "weight_decay", "betas", "eps"):
+                value = group.get(key)
+                values = value if isinstance(value, (tuple, list)) else [value]
+                for j, v in enumerate(values):
+                    if isinstance(v, torch.Tensor) and v.numel() == 1:
+                        v = float(v)
+                    if isinstance(v, (int, float)) and not isinstance(v, bool):
+                        suffix = f"{key}{j}" if len(values) > 1 else key
+                        out.append(ScalarEntry(f"optimizer/group{i}.{suffix}", None, float(v)))
+        return out
+
+    @_guarded
+    def _finish_train_step(self) -> None:
+        if self._pre_step is None:
+            return
+        host, host_scalars = self._pre_step
+        self._pre_step = None
+        mode = self._mode
+        parts = [host]
+        if self._update_snapshot:
+            saving = self._saving(mode, self._mode_steps[mode])
+            jobs = []
+            for name, param, before in self._update_snapshot:
+                delta = _local(param).detach() - before
+                for c in self._collections_for("updates", name, saving):
+                    jobs.append(self._job(c, "updates", name, [delta]))
+            self._update_snapshot = []
+            parts.append(self._engine.compute(jobs, self._reducer))
+        self._submit(mode, self._mode_steps[mode], parts, host_scalars)
+        self.step += 1
+        self._mode_steps[mode] += 1
+        if mode != ModeKeys.TRAIN:
+            self._mode_steps[ModeKeys.TRAIN] = self.step
+        self._capture.detach()
+
+    def _close_eval_step(self) -> None:
+        mode = self._open_eval
+        self._open_eval = None
+        if mode is None:
+            return
+        saving = self._saving(mode, self._mode_steps[mode])
+        jobs = self._pending_jobs(saving)
+        if jobs:
+            self._submit(mode, self._mode_steps[mode], [self._engine.compute(jobs, self._reducer)], [])
+        self._mode_steps[mode] += 1
+        self._capture.detach()
+
+    def _submit(self, mode: ModeKeys, mode_step: int, parts: list[HostStatistics], host_scalars: list[ScalarEntry]) -> None:
+        if not any(p.jobs for p in parts) and not host_scalars:
+            return
+        if self.world_size > 1 and self.include_workers == "one" and self.rank != 0:
+            return
+        step, worker, wall_time = self.step, self.worker, time.time()
+
+        def make_record() -> StepRecord:
+            record = StepRecord(step, mode, mode_step, worker, wall_time, scalars=list(host_scalars))
+            for part in parts:
+                scalars, histograms, tensors, shapes = part.entries()
+                record.scalars += scalars
+                record.histograms += histograms
+                record.tensors += tensors
+                record.shapes.update(shapes)
+            return record
+
+        self._dispatcher.submit(make_record)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _warn_once(self, message: str) -> None:
+        key = message.split(":", 1)[0]
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(f"tensorlens: {message} (training continues; this warning is shown once)", stacklevel=3)
+
+    @property
+    def host_copies(self) -> int:
+        """Device-to-host copies made so far (one per saved step unless a tensor held NaN/Inf)."""
+        return self._engine.host_copies
+
+    @property
+    def backends(self) -> list[Backend]:
+        return self._dispatcher.backends
+
+    def backend_stats(self) -> dict[str, BackendStats]:
+        """Per backend: records written, failed and dropped."""
+        return self._dispatcher.stats()
+
+    def flush(self, timeout: float | None = 60.0) -> bool:
+        """Wait until every saved step has reached every backend."""
+        return self._dispatcher.flush(timeout)
+
+    def close(self) -> None:
+        """Record what is pending, remove every hook, flush and close the backends. Idempotent."""
+        if self._closed:
+            return
+        try:
+            if self._open_eval is not None:
+                self._close_eval_step()
+            if self._pending_scalars or self._explicit:
+                mode = self._mode
+                jobs = self._pending_jobs(self._saving(mode, self._mode_steps[mode]))
+                if jobs:
+                    self._submit(mode, self._mode_steps[mode], [self._engine.compute(jobs, self._reducer)], [])
+        except Exception as err:
+            self._warn_once(f"close: {type(err).__name__}: {err}")
+        self._closed = True
+        self._capture.detach()
+        for handle in self._root_handles + self._optimizer_handles:
+            handle.remove()
+        self._root_handles.clear()
+        self._optimizer_handles.clear()
+        self._pending.clear()
+        summaries.deactivate(self)
+        self._dispatcher.close()
+        self._engine.release()
+        atexit.unregister(self._atexit)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Hook:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Hook(run_dir={self.run_dir!r}, step={self.step}, collections={self.enabled_collections()})"
+
+
+def _names_list(name: str, value: Iterable[str]) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    out = list(value)
+    for item in out:
+        if not isinstance(item, str):
+            raise expected(name, "a list of collection names", value)
+    return out
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (FSDP2), the tensor itself otherwise."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
+
+
+def _distributed_rank() -> tuple[int, int]:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _default_run_name() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+
+
+def _tracker_run_name() -> str | None:
+    """The active W&B or MLflow run's name, read without importing either library."""
+    import sys
+
+    wandb = sys.modules.get("wandb")
+    run = getattr(wandb, "run", None) if wandb is not None else None
+    if run is not None:
+        return f"{getattr(run, 'name', None) or 'wandb'}-{run.id}"
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is not None:
+        try:
+            active = mlflow.active_run()
+        except Exception:
+            active = None
+        if active is not None:
+            return f"{active.info.run_name or 'mlflow'}-{active.info.run_id[:8]}"
+    return None
+
+
+def _active_trackers() -> list[str]:
+    """``backends="auto"``: the trackers with an active run in this process (never imported here)."""
+    import sys
+
+    found = ["local"]
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        found.append("wandb")
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is not None:
+        try:
+            if mlflow.active_run() is not None:
+                found.append("mlflow")
+        except Exception:
+            pass
+    return found

@@ -1,0 +1,209 @@
+"""Reading a run back: ``tl.open_run(path)``, usable while the run is still being written.
+
+>>> run = open_run("tensorlens_runs/my-run")                       # doctest: +SKIP
+>>> run.tensor("gradients/fc1.weight").reduction_value(step=100, name="l2")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from tensorlens.modes import ModeKeys
+from tensorlens.run_store import connect, decode_array, store_files
+
+
+class TensorDescriptor(NamedTuple):
+    """A raw tensor as saved: ``(step, tensor, utctime)`` (Cerebras' ``SummaryReader`` shape)."""
+
+    step: int
+    tensor: np.ndarray
+    utctime: float
+
+
+class TensorNotFound(KeyError):
+    """The requested tensor, statistic or step is not in the run."""
+
+
+class Run:
+    """A run folder opened for reading. Cheap to create; every query reads the current files."""
+
+    def __init__(self, path: str) -> None:
+        files = store_files(path)
+        if not files:
+            raise FileNotFoundError(f"no tensorlens run store (tensorlens*.sqlite) in {path!r}")
+        self.path = path
+        self._dbs = [connect(f, readonly=True) for f in files]
+
+    def close(self) -> None:
+        for db in self._dbs:
+            db.close()
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+        for db in self._dbs:
+            try:
+                yield from db.execute(sql, args)
+            except sqlite3.OperationalError as err:  # a worker's file created but not yet initialised
+                if "no such table" not in str(err):
+                    raise
+
+    @property
+    def meta(self) -> dict[str, str]:
+        return dict(self._query("SELECT key, value FROM meta"))
+
+    def workers(self) -> list[str]:
+        return sorted({w for (w,) in self._query("SELECT DISTINCT worker FROM steps")})
+
+    def modes(self) -> list[ModeKeys]:
+        return sorted({ModeKeys(m) for (m,) in self._query("SELECT DISTINCT mode FROM steps")}, key=list(ModeKeys).index)
+
+    def steps(self, mode: ModeKeys | str | None = None) -> list[int]:
+        """Saved steps: global steps for ``mode=None`` (all modes), mode steps for a given mode."""
+        if mode is None:
+            return sorted({s for (s,) in self._query("SELECT DISTINCT step FROM steps")})
+        mode = ModeKeys.coerce(mode)
+        return sorted({s for (s,) in self._query("SELECT DISTINCT mode_step FROM steps WHERE mode = ?", (str(mode),))})
+
+    def tensor_names(self, collection: str | None = None, regex: str | None = None) -> list[str]:
+        """Names like ``"gradients/fc1.weight"``, optionally of one collection or matching ``regex``."""
+        import re
+
+        names = {t for (t,) in self._query("SELECT DISTINCT tensor FROM scalars")}
+        names |= {t for (t,) in self._query("SELECT DISTINCT tensor FROM histograms")}
+        names |= {t for (t,) in self._query("SELECT DISTINCT tensor FROM tensors")}
+        if collection is not None:
+            names = {n for n in names if n.split("/", 1)[0] == collection}
+        if regex is not None:
+            pattern = re.compile(regex)
+            names = {n for n in names if pattern.search(n)}
+        return sorted(names)
+
+    def collections(self) -> list[str]:
+        return sorted({n.split("/", 1)[0] for n in self.tensor_names()})
+
+    def tensor(self, name: str) -> TensorView:
+        if name not in self.tensor_names():
+            raise TensorNotFound(f"no tensor {name!r} in run {self.path!r}; see run.tensor_names()")
+        return TensorView(self, name)
+
+    def read_tensor(self, name: str, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> TensorDescriptor:
+        """The raw tensor saved for ``name`` at ``step`` (needs ``save_raw_tensor=True``)."""
+        where, args = _where(step, mode, worker)
+        rows = list(self._query(f"SELECT step, wall_time, data FROM tensors WHERE tensor = ? AND {where}", (name, *args)))
+        if not rows:
+            raise TensorNotFound(f"no raw tensor {name!r} at step {step} (is save_raw_tensor on for its collection?)")
+        step_, wall_time, data = rows[0]
+        return TensorDescriptor(step_, decode_array(data), wall_time)
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        rows = list(self._query("SELECT shape FROM shapes WHERE tensor = ?", (name,)))
+        return tuple(json.loads(rows[0][0])) if rows else None
+
+    def scalars(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> dict[str, float]:
+        """Every scalar of one step as ``{key: value}`` (keys ``"collection/tensor/stat"``)."""
+        where, args = _where(step, mode, worker)
+        out = {}
+        for tensor, stat, value in self._query(f"SELECT tensor, stat, value FROM scalars WHERE {where}", args):
+            out[f"{tensor}/{stat}" if stat else tensor] = _float(value)
+        return out
+
+
+def _where(step: int, mode: ModeKeys | str | None, worker: str | None) -> tuple[str, tuple[Any, ...]]:
+    if mode is None:
+        clause, args = "step = ? AND mode IN ('train', 'global')", [step]
+    else:
+        clause, args = "mode_step = ? AND mode = ?", [step, str(ModeKeys.coerce(mode))]
+    if worker is not None:
+        clause += " AND worker = ?"
+        args.append(worker)
+    return clause, tuple(args)
+
+
+def _float(value: float | None) -> float:
+    return math.nan if value is None else float(value)
+
+
+class TensorView:
+    """One tensor's series of statistics, histograms and raw values."""
+
+    def __init__(self, run: Run, name: str) -> None:
+        self.run = run
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"TensorView({self.name!r})"
+
+    def steps(self, mode: ModeKeys | str | None = None) -> list[int]:
+        column, clause, args = ("step", "mode IN ('train', 'global')", ()) if mode is None else (
+            "mode_step", "mode = ?", (str(ModeKeys.coerce(mode)),))
+        found = set()
+        for table in ("scalars", "histograms", "tensors"):
+            found |= {s for (s,) in self.run._query(f"SELECT DISTINCT {column} FROM {table} WHERE tensor = ? AND {clause}", (self.name, *args))}
+        return sorted(found)
+
+    def reduction_names(self) -> list[str]:
+        return sorted({s for (s,) in self.run._query("SELECT DISTINCT stat FROM scalars WHERE tensor = ?", (self.name,)) if s})
+
+    def reduction_value(
+        self, step: int, name: str, abs: bool = False, mode: ModeKeys | str | None = None, worker: str | None = None
+    ) -> float:
+        """One statistic at one step. ``abs=True`` reads ``abs_<name>``. With ``mode``, ``step`` is the mode step."""
+        stat = f"abs_{name}" if abs and not name.startswith("abs_") else name
+        where, args = _where(step, mode, worker)
+        rows = list(self.run._query(f"SELECT value FROM scalars WHERE tensor = ? AND stat = ? AND {where}", (self.name, stat, *args)))
+        if not rows:
+            raise TensorNotFound(f"no {stat!r} of {self.name!r} at step {step}; recorded: {self.reduction_names()}")
+        return _float(rows[0][0])
+
+    def reduction_values(self, name: str, abs: bool = False, mode: ModeKeys | str | None = None, worker: str | None = None) -> dict[int, float]:
+        """``{step: value}`` of one statistic over the whole run."""
+        stat = f"abs_{name}" if abs and not name.startswith("abs_") else name
+        column = "step" if mode is None else "mode_step"
+        clause = "mode IN ('train', 'global')" if mode is None else "mode = ?"
+        args: tuple[Any, ...] = () if mode is None else (str(ModeKeys.coerce(mode)),)
+        if worker is not None:
+            clause += " AND worker = ?"
+            args += (worker,)
+        rows = self.run._query(f"SELECT {column}, value FROM scalars WHERE tensor = ? AND stat = ? AND {clause}", (self.name, stat, *args))
+        return dict(sorted((s, _float(v)) for s, v in rows))
+
+    def value(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> float:
+        """A plain scalar (a loss, ``save_scalar``, ``summarize_scalar``) at one step."""
+        return self.reduction_value(step, "", mode=mode, worker=worker)
+
+    def values(self, mode: ModeKeys | str | None = None, worker: str | None = None) -> dict[int, float]:
+        return self.reduction_values("", mode=mode, worker=worker)
+
+    def histogram(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(counts, edges)`` at one step."""
+        counts, edges, _ = self.histogram_with_info(step, mode, worker)
+        return counts, edges
+
+    def histogram_with_info(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+        where, args = _where(step, mode, worker)
+        rows = list(self.run._query(f"SELECT counts, edges, info FROM histograms WHERE tensor = ? AND {where}", (self.name, *args)))
+        if not rows:
+            raise TensorNotFound(f"no histogram of {self.name!r} at step {step}")
+        counts, edges, info = rows[0]
+        return decode_array(counts), decode_array(edges), json.loads(info)
+
+
+def open_run(path: str) -> Run:
+    """Open a run folder (or one of its ``tensorlens*.sqlite`` files) for reading.
+
+    >>> run = open_run(hook.run_dir)            # doctest: +SKIP
+    >>> run.tensor_names(collection="gradients")  # doctest: +SKIP
+    ['gradients/fc1.weight', ...]
+    """
+    return Run(path)

@@ -1,0 +1,83 @@
+"""Backend-neutral records: what one saved step produced. Adapters only translate these."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from tensorlens.modes import ModeKeys
+
+
+@dataclasses.dataclass(frozen=True)
+class ScalarEntry:
+    """One number: a statistic of a tensor (``stat`` set) or a plain scalar such as a loss."""
+
+    tensor: str  # "{collection}/{name}", e.g. "gradients/fc1.weight"
+    stat: str | None  # "l2", "abs_max", ...; None for a plain scalar
+    value: float
+
+    @property
+    def key(self) -> str:
+        """``"{collection}/{tensor}/{stat}"``, e.g. ``"gradients/fc1.weight/l2"``."""
+        return f"{self.tensor}/{self.stat}" if self.stat else self.tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class HistogramEntry:
+    """Counts over ``edges`` (``len(edges) == len(counts) + 1``; numpy's bin semantics).
+
+    ``count`` is the number of binned values. ``sum`` and ``sum_squares`` are over the whole
+    tensor (all values, exact). NaN and Inf are never binned: they are counted here.
+    ``sampled`` says the bins hold a strided sample (see ``HistogramConfig.sample``).
+    """
+
+    tensor: str
+    counts: np.ndarray  # int64, shape [bins]
+    edges: np.ndarray  # float64, shape [bins + 1]
+    min: float
+    max: float
+    count: int
+    sum: float
+    sum_squares: float
+    nan_count: int = 0
+    inf_count: int = 0
+    rejected: int = 0
+    underflow: int = 0
+    overflow: int = 0
+    sampled: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorEntry:
+    """A raw tensor saved as a numpy array (``ReductionConfig.save_raw_tensor``)."""
+
+    tensor: str
+    value: np.ndarray
+
+
+@dataclasses.dataclass
+class StepRecord:
+    """Everything recorded for one (mode, mode step) of one worker."""
+
+    step: int  # optimizer steps taken before this record
+    mode: ModeKeys
+    mode_step: int
+    worker: str
+    wall_time: float
+    scalars: list[ScalarEntry] = dataclasses.field(default_factory=list)
+    histograms: list[HistogramEntry] = dataclasses.field(default_factory=list)
+    tensors: list[TensorEntry] = dataclasses.field(default_factory=list)
+    shapes: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+
+    def scalar_dict(self) -> dict[str, float]:
+        """``{key: value}`` for every scalar, keys as in :attr:`ScalarEntry.key`."""
+        return {entry.key: entry.value for entry in self.scalars}
+
+    def histogram_dict(self) -> dict[str, HistogramEntry]:
+        return {entry.tensor: entry for entry in self.histograms}
+
+
+def collection_of(tensor_name: str) -> str:
+    """The collection part of a tensor name: ``"gradients/fc1.weight"`` -> ``"gradients"``."""
+    return tensor_name.split("/", 1)[0]

@@ -1,0 +1,89 @@
+"""``tl.watch(model)``: the one-line entry point, next to ``wandb.init`` or ``mlflow.start_run``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+from torch import nn
+
+from tensorlens.backends.base import Backend
+from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig, expected
+from tensorlens.hook import Hook
+
+_WANDB_LOG = {
+    "gradients": ["gradients", "losses", "summaries", "scalars"],
+    "parameters": ["weights", "biases", "losses", "summaries", "scalars"],
+    "all": ["weights", "biases", "gradients", "losses", "summaries", "scalars"],
+}
+
+
+def watch(
+    models: nn.Module | Sequence[nn.Module] | Mapping[str, nn.Module],
+    criterion: nn.Module | None = None,
+    *,
+    log: str | None = None,
+    log_freq: int | None = None,
+    save_interval: int = 100,
+    collections: Sequence[str] | None = None,
+    activations: bool = False,
+    histograms: bool | HistogramConfig = True,
+    reductions: ReductionConfig | None = None,
+    backends: str | Sequence[str | Backend | type[Backend]] = "auto",
+    out_dir: str | os.PathLike[str] | None = None,
+    run_name: str | None = None,
+    include_workers: str = "reduce",
+) -> Hook:
+    """Watch ``models`` with sensible defaults and return the :class:`Hook`.
+
+    Records weights, biases, gradients (``min max mean std l2``, NaN/Inf counts, 64-bin
+    histograms), losses and summaries every ``save_interval`` optimizer steps, to the local run
+    store and to the active W&B / MLflow run. ``activations=True`` adds module outputs.
+    ``log`` and ``log_freq`` accept ``wandb.watch``'s values (``"gradients"``, ``"parameters"``,
+    ``"all"``).
+
+    >>> hook = watch(model)            # doctest: +SKIP
+    >>> ...train...                    # doctest: +SKIP
+    >>> hook.close()                   # doctest: +SKIP
+    """
+    if log is not None and log not in _WANDB_LOG:
+        raise expected("log", f"None or one of {list(_WANDB_LOG)}", log)
+    if log_freq is not None:
+        save_interval = log_freq
+    if collections is None:
+        collections = list(_WANDB_LOG[log or "all"])
+        if activations:
+            collections.append("activations")
+    if isinstance(histograms, bool):
+        histogram_config = HistogramConfig() if histograms else HistogramConfig(bins=0)
+    elif isinstance(histograms, HistogramConfig):
+        histogram_config = histograms
+    else:
+        raise expected("histograms", "a bool or a tl.HistogramConfig", histograms)
+    hook = Hook(
+        out_dir=out_dir,
+        save_config=SaveConfig(save_interval=save_interval),
+        reduction_config=reductions,
+        histogram_config=histogram_config,
+        include_collections=collections,
+        backends=backends,
+        run_name=run_name,
+        include_workers=include_workers,
+    )
+    try:
+        if isinstance(models, nn.Module):
+            hook.register_module(models)
+        elif isinstance(models, Mapping):
+            for name, model in models.items():
+                hook.register_module(model, name=name)
+        elif isinstance(models, Sequence) and models:
+            for i, model in enumerate(models):
+                hook.register_module(model, name=f"model{i}" if len(models) > 1 else None)
+        else:
+            raise expected("models", "an nn.Module, a list of them or a dict name -> nn.Module", models)
+        if criterion is not None:
+            hook.register_loss(criterion)
+    except Exception:
+        hook.close()
+        raise
+    return hook
