@@ -109,6 +109,7 @@ class Hook:
         run_name: str | None = None,
         include_workers: str = "reduce",
         max_pending_steps: int = 64,
+        auto_step: bool = True,
     ) -> None:
         if save_config is not None and not isinstance(save_config, SaveConfig):
             raise expected("save_config", "a tl.SaveConfig", save_config)
@@ -122,6 +123,8 @@ class Hook:
             raise expected("max_pending_steps", "an integer >= 1", max_pending_steps)
         if run_name is not None and not isinstance(run_name, str):
             raise expected("run_name", "None or a string", run_name)
+        if not isinstance(auto_step, bool):
+            raise expected("auto_step", "a bool", auto_step)
 
         self.save_config = save_config or SaveConfig()
         self.reduction_config = reduction_config
@@ -151,7 +154,7 @@ class Hook:
         run = RunInfo(self.run_name, self.run_dir, self.rank, self.world_size, {"include_workers": include_workers})
         self._dispatcher = Dispatcher(self._backends, run, max_pending=max_pending_steps)
 
-        self.step = 0  # optimizer steps taken
+        self.global_step = 0  # optimizer steps taken (Lightning's global_step)
         self._mode_steps = dict.fromkeys(ModeKeys, 0)
         self._explicit_mode: ModeKeys | None = None
         self._mode = ModeKeys.TRAIN
@@ -171,10 +174,14 @@ class Hook:
         self._engine = StepStatistics()
         self._warned: set[str] = set()
         self._closed = False
-        self._optimizer_handles = [
-            register_optimizer_step_pre_hook(self._weak(Hook._optimizer_pre_step)),
-            register_optimizer_step_post_hook(self._weak(Hook._optimizer_post_step)),
-        ]
+        self._optimizer_handles = (
+            [
+                register_optimizer_step_pre_hook(self._weak(Hook._optimizer_pre_step)),
+                register_optimizer_step_post_hook(self._weak(Hook._optimizer_post_step)),
+            ]
+            if auto_step
+            else []
+        )
         summaries.activate(self)
         self._atexit = self._weak(Hook.close)
         atexit.register(self._atexit)
@@ -432,10 +439,24 @@ class Hook:
         if not self._closed and self._primary_optimizer is not None and self._primary_optimizer() is optimizer:
             self._finish_train_step()
 
+    def prepare_step(self, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Read weights, gradients and what was captured, just before the optimizer updates.
+
+        Called automatically by the optimizer pre-hook unless ``auto_step=False``.
+        """
+        self._begin_train_step_end(optimizer)
+
     def step(self) -> None:
-        """Close the current train step by hand (for loops without a ``torch.optim`` optimizer)."""
-        self._begin_train_step_end(None)
+        """Close the current train step by hand (loops without a ``torch.optim`` optimizer, or
+        ``auto_step=False``): records it if it is saved and advances the step counter."""
+        if self._pre_step is None:
+            self._begin_train_step_end(None)
         self._finish_train_step()
+
+    def will_save(self, collection: str, mode: ModeKeys | str | None = None) -> bool:
+        """Whether ``collection`` is enabled and saves the current step of ``mode``."""
+        mode = ModeKeys.coerce(mode) if mode is not None else self._mode
+        return collection in self._saving(mode, self._mode_steps[mode])
 
     # ------------------------------------------------------------------ step boundaries
 
@@ -527,6 +548,7 @@ class Hook:
     @_guarded
     def _finish_train_step(self) -> None:
         if self._pre_step is None:
+            self._advance(self._mode)
             return
         host, host_scalars = self._pre_step
         self._pre_step = None
@@ -542,10 +564,13 @@ class Hook:
             self._update_snapshot = []
             parts.append(self._engine.compute(jobs, self._reducer))
         self._submit(mode, self._mode_steps[mode], parts, host_scalars)
-        self.step += 1
+        self._advance(mode)
+
+    def _advance(self, mode: ModeKeys) -> None:
+        self.global_step += 1
         self._mode_steps[mode] += 1
         if mode != ModeKeys.TRAIN:
-            self._mode_steps[ModeKeys.TRAIN] = self.step
+            self._mode_steps[ModeKeys.TRAIN] = self.global_step
         self._capture.detach()
 
     def _close_eval_step(self) -> None:
@@ -565,7 +590,7 @@ class Hook:
             return
         if self.world_size > 1 and self.include_workers == "one" and self.rank != 0:
             return
-        step, worker, wall_time = self.step, self.worker, time.time()
+        step, worker, wall_time = self.global_step, self.worker, time.time()
 
         def make_record() -> StepRecord:
             record = StepRecord(step, mode, mode_step, worker, wall_time, scalars=list(host_scalars))
@@ -641,7 +666,7 @@ class Hook:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Hook(run_dir={self.run_dir!r}, step={self.step}, collections={self.enabled_collections()})"
+        return f"Hook(run_dir={self.run_dir!r}, step={self.global_step}, collections={self.enabled_collections()})"
 
 
 def _names_list(name: str, value: Iterable[str]) -> list[str]:

@@ -46,6 +46,10 @@ class TensorJob:
     save_raw: bool = False
     save_shape: bool = False
     plain_scalar: bool = False  # record the value itself (a loss, a summary scalar)
+    # Under torch.distributed: True when each rank holds a different piece (activations of its
+    # batch, an FSDP shard) that must be merged; False when every rank holds the same tensor
+    # (DDP parameters and their all-reduced gradients), which is then taken as it is.
+    partitioned: bool = True
 
 
 class WorkerReducer(Protocol):
@@ -54,7 +58,9 @@ class WorkerReducer(Protocol):
     Every worker must call these in the same order with tensors of the same shapes.
     """
 
-    def merge_rows(self, rows: torch.Tensor) -> torch.Tensor: ...
+    def merge_rows(self, rows: torch.Tensor, partitioned: torch.Tensor) -> torch.Tensor:
+        """Merge ``rows`` [N, K] across workers where ``partitioned`` [N] (bool) is True."""
+        ...
 
     def min_max(self, low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -207,7 +213,8 @@ class StepStatistics:
             ]
         )
         if reducer is not None:
-            rows = reducer.merge_rows(rows)
+            partitioned = torch.tensor([job.partitioned for job in jobs], device=device)
+            rows = reducer.merge_rows(rows, partitioned)
         hist_index = [i for i, meta in enumerate(metas) if meta.histogram is not None]
         device_hists = {
             i: self._histogram(values[i], metas[i].histogram, rows[i, COL["min"]], rows[i, COL["max"]], None, reducer)
