@@ -22,7 +22,7 @@ from torch.utils.hooks import RemovableHandle
 
 _MAX_DEPTH = 6
 
-OnTensor = Callable[[str, str, torch.Tensor], None]  # (kind, name, tensor)
+OnTensor = Callable[[str, str, str, torch.Tensor], None]  # (kind, module name, tensor name, tensor)
 
 
 def named_tensors(obj: Any, prefix: str, depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
@@ -47,7 +47,7 @@ def named_tensors(obj: Any, prefix: str, depth: int = 0) -> Iterator[tuple[str, 
 class ModuleCapture:
     """Attaches forward hooks to chosen modules and detaches them all again.
 
-    ``on_tensor(kind, name, tensor)`` receives each output (``"activations"``), input
+    ``on_tensor(kind, module_name, tensor_name, tensor)`` receives each output (``"activations"``), input
     (``"inputs"``) and, through a tensor hook, output gradient (``"activation_gradients"``).
     """
 
@@ -86,23 +86,23 @@ class ModuleCapture:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             for tensor_name, tensor in named_tensors(output, name):
                 if record_output:
-                    self._on_tensor("activations", tensor_name, tensor)
+                    self._on_tensor("activations", name, tensor_name, tensor)
                 if with_grads and tensor.requires_grad:
-                    self._grad_handles.append(tensor.register_hook(self._grad_hook(tensor_name)))
+                    self._grad_handles.append(tensor.register_hook(self._grad_hook(name, tensor_name)))
 
         return hook
 
-    def _grad_hook(self, name: str) -> Callable[[torch.Tensor], None]:
+    def _grad_hook(self, module_name: str, name: str) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:
-            self._on_tensor("activation_gradients", name, grad)
+            self._on_tensor("activation_gradients", module_name, name, grad)
 
         return hook
 
     def _input_hook(self, name: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             for tensor_name, tensor in named_tensors(args, name):
-                self._on_tensor("inputs", tensor_name, tensor)
+                self._on_tensor("inputs", name, tensor_name, tensor)
             for tensor_name, tensor in named_tensors(kwargs, name):
-                self._on_tensor("inputs", tensor_name, tensor)
+                self._on_tensor("inputs", name, tensor_name, tensor)
 
         return hook

@@ -95,6 +95,8 @@ class Hook:
         run_name: name of the run (default: the active tracker run's name, else time + id).
         include_workers: under ``torch.distributed``: ``"reduce"`` (statistics of the whole,
             merged across ranks), ``"one"`` (rank 0 only) or ``"all"`` (each rank on its own).
+        step_on_forward: ``False`` when the caller marks steps with :meth:`begin_step` /
+            :meth:`end_step` instead of forward calls of the registered roots (Lightning).
     """
 
     def __init__(
@@ -110,6 +112,7 @@ class Hook:
         include_workers: str = "reduce",
         max_pending_steps: int = 64,
         auto_step: bool = True,
+        step_on_forward: bool = True,
     ) -> None:
         if save_config is not None and not isinstance(save_config, SaveConfig):
             raise expected("save_config", "a tl.SaveConfig", save_config)
@@ -125,6 +128,8 @@ class Hook:
             raise expected("run_name", "None or a string", run_name)
         if not isinstance(auto_step, bool):
             raise expected("auto_step", "a bool", auto_step)
+        if not isinstance(step_on_forward, bool):
+            raise expected("step_on_forward", "a bool", step_on_forward)
 
         self.save_config = save_config or SaveConfig()
         self.reduction_config = reduction_config
@@ -162,8 +167,12 @@ class Hook:
         self._roots: list[tuple[str, nn.Module]] = []
         self._root_handles: list[RemovableHandle] = []
         self._forward_depth = 0
+        # False: the caller marks every step with begin_step()/end_step() (Lightning calls
+        # training_step/validation_step, not necessarily the root's forward, once per step)
+        self._step_on_forward = step_on_forward
         self._capture = ModuleCapture(self._captured)
         self._pending: dict[tuple[str, str], list[torch.Tensor]] = defaultdict(list)
+        self._module_of: dict[str, str] = {}  # captured tensor name -> the module it came from
         self._pending_scalars: dict[tuple[str, str], list[float | torch.Tensor]] = defaultdict(list)
         self._explicit: list[tuple[str, str, torch.Tensor]] = []  # save_tensor: (collection, name, tensor)
         self._host_scalars: list[ScalarEntry] = []
@@ -369,9 +378,11 @@ class Hook:
     @_guarded
     def _root_forward_pre(self, module: nn.Module, args: Any) -> None:
         self._forward_depth += 1
-        if self._forward_depth > 1:
+        if self._forward_depth > 1 or not self._step_on_forward:
             return
-        mode = self._current_mode(module)
+        self._begin(self._current_mode(module))
+
+    def _begin(self, mode: ModeKeys) -> None:
         if self._open_eval is not None:
             self._close_eval_step()  # the next forward begins: the previous eval step is complete
         self._mode = mode
@@ -399,9 +410,10 @@ class Hook:
                             break
         self._capture.attach(chosen["activations"], chosen["inputs"], chosen["activation_gradients"])
 
-    def _captured(self, kind: str, name: str, tensor: torch.Tensor) -> None:
+    def _captured(self, kind: str, module_name: str, name: str, tensor: torch.Tensor) -> None:
         try:
             self._pending[(kind, name)].append(tensor.detach().clone())
+            self._module_of[name] = module_name
         except Exception as err:
             self._warn_once(f"capturing {kind}/{name}: {type(err).__name__}: {err}")
 
@@ -452,6 +464,34 @@ class Hook:
         if self._pre_step is None:
             self._begin_train_step_end(None)
         self._finish_train_step()
+
+    @_guarded
+    def begin_step(self) -> None:
+        """Begin a step of the current mode by hand (for ``step_on_forward=False``, as the Lightning
+        callback does): attaches the activation hooks if the step is saved; in eval/predict mode it
+        opens a mode step, closed by :meth:`end_step`. In train mode call it before each
+        micro-batch; :meth:`prepare_step` and :meth:`step` close the train step."""
+        self._begin(self._explicit_mode or self._mode)
+
+    @_guarded
+    def end_step(self) -> None:
+        """Close the eval/predict step opened by :meth:`begin_step` (a no-op in train mode)."""
+        if self._open_eval is not None:
+            self._close_eval_step()
+
+    def set_step(self, global_step: int, mode_steps: dict[ModeKeys | str, int] | None = None) -> None:
+        """Set the step counters, e.g. to continue from a resumed trainer's ``global_step``.
+
+        The train mode step follows ``global_step``; ``mode_steps`` sets other modes' counters.
+        """
+        if isinstance(global_step, bool) or not isinstance(global_step, int) or global_step < 0:
+            raise expected("global_step", "an integer >= 0", global_step)
+        self.global_step = global_step
+        self._mode_steps[ModeKeys.TRAIN] = global_step
+        for mode, value in (mode_steps or {}).items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise expected(f"mode_steps[{mode!r}]", "an integer >= 0", value)
+            self._mode_steps[ModeKeys.coerce(mode)] = value
 
     def will_save(self, collection: str, mode: ModeKeys | str | None = None) -> bool:
         """Whether ``collection`` is enabled and saves the current step of ``mode``."""
@@ -509,7 +549,9 @@ class Hook:
         """Jobs for everything captured since the last boundary; clears the buffers."""
         jobs = []
         for (kind, name), pieces in self._pending.items():
-            for c in self._collections_for(kind, name, saving):
+            # module captures were chosen by module name: match the collections the same way
+            match_name = self._module_of.get(name, name) if kind in MODULE_KINDS else name
+            for c in self._collections_for(kind, match_name, saving):
                 jobs.append(self._job(c, kind, name, pieces))
         for (kind, name), values in self._pending_scalars.items():
             collection = self._collections[kind]
@@ -517,15 +559,23 @@ class Hook:
                 continue  # explicit save_scalar values are always recorded
             tensors = [v if isinstance(v, torch.Tensor) else torch.tensor(float(v), dtype=torch.float64) for v in values]
             device = tensors[0].device
-            jobs.append(self._job(collection, kind, name, [t.to(device) for t in tensors]))
+            job = self._job(collection, kind, name, [t.to(device) for t in tensors])
+            job.plain_scalar = True  # summarize_scalar / save_scalar / losses: the number itself
+            jobs.append(job)
+        jobs += self._explicit_jobs()
+        self._pending.clear()
+        self._pending_scalars.clear()
+        return jobs
+
+    def _explicit_jobs(self) -> list[TensorJob]:
+        """Jobs for the tensors given to ``save_tensor``; clears them."""
+        jobs = []
         for collection_name, name, tensor in self._explicit:
             collection = self._collections[collection_name]
             kind = collection.kinds[0] if collection.builtin else "summaries"
             job = self._job(collection, kind, name, [tensor])
             job.name = f"{collection_name}/{name}"
             jobs.append(job)
-        self._pending.clear()
-        self._pending_scalars.clear()
         self._explicit.clear()
         return jobs
 
@@ -554,7 +604,7 @@ class Hook:
         self._pre_step = None
         mode = self._mode
         parts = [host]
-        if self._update_snapshot:
+        if self._update_snapshot or self._explicit:
             saving = self._saving(mode, self._mode_steps[mode])
             jobs = []
             for name, param, before in self._update_snapshot:
@@ -562,6 +612,9 @@ class Hook:
                 for c in self._collections_for("updates", name, saving):
                     jobs.append(self._job(c, "updates", name, [delta]))
             self._update_snapshot = []
+            # save_tensor between prepare_step and step belongs to the step being closed
+            # (Lightning: gradients after clipping, read once the optimizer has stepped)
+            jobs += self._explicit_jobs()
             parts.append(self._engine.compute(jobs, self._reducer))
         self._submit(mode, self._mode_steps[mode], parts, host_scalars)
         self._advance(mode)
