@@ -50,7 +50,7 @@ def store_filename(worker: str, primary: bool) -> str:
 
 def safe_run_name(name: str) -> str:
     """A run name usable as one folder name: no separators, no ``..``."""
-    cleaned = re.sub(r"[^\w.\-]", "_", str(name)).strip(".") or "run"
+    cleaned = re.sub(r"\.{2,}", ".", re.sub(r"[^\w.\-]", "_", str(name))).strip(".") or "run"
     return cleaned[:200]
 
 
