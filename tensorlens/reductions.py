@@ -20,6 +20,7 @@ large offsets do not cancel. Variance and std are population statistics (numpy's
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -95,79 +96,169 @@ def as_values(tensor: torch.Tensor) -> torch.Tensor:
 def _exact_median(values: torch.Tensor) -> torch.Tensor:
     """numpy's median: the mean of the two middle values for an even count; NaN if any NaN."""
     n = values.numel()
+    if n == 0:
+        return torch.tensor(math.nan, dtype=torch.float64, device=values.device)
     lower = values.kthvalue((n + 1) // 2).values
     upper = values.kthvalue(n // 2 + 1).values if n % 2 == 0 else lower
     median = (lower + upper) / 2 if n % 2 == 0 else lower
     return torch.where(torch.isnan(values).any(), torch.full_like(median, math.nan), median)
 
 
-def _centred_m2(centred: torch.Tensor, n: int) -> torch.Tensor:
-    """Sum of squared deviations, given ``centred = values - mean`` (overwritten in place).
+#: Tensors up to this many values share one float64 buffer with segment sums; larger ones are
+#: reduced one by one. Per-tensor ops cost ~5-10 us of dispatch each, which dominates for small
+#: tensors (biases, norms, activations of small batches); a shared buffer costs a fixed number of ops.
+SMALL_TENSOR = 2048
 
-    The corrected two-pass algorithm (Chan, Golub & LeVeque): subtracting
-    ``(sum of deviations)^2 / n`` cancels the rounding error of the mean, so a constant tensor
-    has exactly zero spread even in float32. Squares are summed with PyTorch's cascade ``sum``:
-    ``vector_norm`` on CPU accumulates float32 naively (1e-4 relative error at 3M values).
+
+def partial_rows(
+    values: list[torch.Tensor],
+    columns: list[frozenset[str]],
+    scratch: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Partial rows ``[N, len(PARTIALS)]`` (float64, on the tensors' device) with no host sync.
+
+    ``values`` are flat tensors in their compute dtype (:func:`as_values`), ``columns[i]`` the
+    columns tensor ``i`` needs (:func:`needed_columns`); others are NaN. ``nan_count`` and
+    ``inf_count`` are left NaN: the caller learns from ``sum``/``min``/``max`` after the one host
+    copy whether a tensor holds NaN or Inf, and counts only those (:func:`nonfinite_counts`).
+    ``scratch(values)`` may return a reusable buffer at least as long as ``values``.
+
+    The variance is the corrected two-pass algorithm (Chan, Golub & LeVeque): deviations from
+    the mean, minus ``(sum of deviations)^2 / n``, which cancels the rounding error of the mean,
+    so a constant tensor has exactly zero spread even in float32. Sums use PyTorch's cascade
+    ``sum`` (``vector_norm`` on CPU accumulates float32 naively: 1e-4 relative error at 3M values).
     """
-    deviation = centred.sum()
-    return centred.square_().sum() - deviation.square() / n
+    n_rows = len(values)
+    if n_rows == 0:
+        return torch.zeros((0, len(PARTIALS)), dtype=torch.float64)
+    device = values[0].device
+    rows = torch.full((n_rows, len(PARTIALS)), math.nan, dtype=torch.float64, device=device)
+    counts = [v.numel() for v in values]
+    rows[:, COL["count"]] = torch.tensor(counts, dtype=torch.float64, device=device)
+    small = [i for i in range(n_rows) if counts[i] <= SMALL_TENSOR]
+    large = [i for i in range(n_rows) if counts[i] > SMALL_TENSOR]
+    if small:
+        _small_rows(rows, small, [values[i] for i in small], frozenset().union(*(columns[i] for i in small)))
+    if large:
+        _large_rows(rows, large, [values[i] for i in large], [columns[i] for i in large], scratch)
+    return rows
 
 
-def partial_row(values: torch.Tensor, columns: frozenset[str], scratch: torch.Tensor | None = None) -> torch.Tensor:
-    """The partial row (float64, on ``values.device``) of a flat tensor, with no host sync.
+def _set(rows: torch.Tensor, index: list[int], column: str, value: torch.Tensor) -> None:
+    rows[torch.tensor(index, device=rows.device), COL[column]] = value.to(torch.float64)
 
-    ``nan_count`` and ``inf_count`` are only computed when the tensor is not all-finite, which the
-    caller learns from ``min``/``max`` after the one host copy (min and max propagate NaN and
-    reveal Inf): here they are NaN placeholders. ``scratch`` (at least ``values.numel()`` long,
-    same dtype) saves an allocation for the two-pass variance.
-    """
-    n = values.numel()
-    dev = values.device
-    nan = torch.tensor(math.nan, dtype=torch.float64, device=dev)
-    out: list[torch.Tensor] = [nan] * len(PARTIALS)
-    out[COL["count"]] = torch.tensor(float(n), dtype=torch.float64, device=dev)
-    if n == 0:
-        zero = torch.zeros((), dtype=torch.float64, device=dev)
-        for name in ("sum", "sumsq", "m2", "l1", "abs_m2", "nan_count", "inf_count", "zero_count"):
-            out[COL[name]] = zero
-        out[COL["prod"]] = torch.ones((), dtype=torch.float64, device=dev)
-        return torch.stack(out)
-    buf = scratch[:n] if scratch is not None and scratch.numel() >= n and scratch.dtype == values.dtype else None
 
-    floats: dict[str, torch.Tensor] = {}
-    total = values.sum()
-    floats["sum"] = total
-    floats["min"], floats["max"] = torch.aminmax(values)
+def _small_rows(rows: torch.Tensor, index: list[int], values: list[torch.Tensor], columns: frozenset[str]) -> None:
+    """Segment reductions over one float64 buffer holding every small tensor."""
+    device = rows.device
+    flat = torch.cat([v.to(torch.float64) for v in values])
+    lengths = torch.tensor([v.numel() for v in values], device=device)
+    n = lengths.to(torch.float64)
+    segment = torch.repeat_interleave(torch.arange(len(values), device=device), lengths)
+    zeros = torch.zeros(len(values), dtype=torch.float64, device=device)
+    empty = lengths == 0
+
+    def seg_sum(x: torch.Tensor) -> torch.Tensor:
+        return zeros.clone().index_add_(0, segment, x)
+
+    def seg_extreme(x: torch.Tensor, how: str) -> torch.Tensor:
+        start = math.inf if how == "amin" else -math.inf
+        out = torch.full_like(zeros, start).scatter_reduce_(0, segment, x, how, include_self=True)
+        return torch.where(empty, torch.full_like(out, math.nan), out)
+
+    total = seg_sum(flat)
+    _set(rows, index, "sum", total)
+    _set(rows, index, "min", seg_extreme(flat, "amin"))
+    _set(rows, index, "max", seg_extreme(flat, "amax"))
+    safe_n = n.clamp(min=1)
     if columns & {"m2", "sumsq"}:
-        centred = torch.sub(values, total / n, out=buf) if buf is not None else values - total / n
-        m2 = _centred_m2(centred, n)
-        floats["m2"] = m2
-        # sum of squares from the centred moment: both terms are positive, nothing cancels
-        # (a NaN or Inf in the tensor is resolved from the counts in `finalize`)
-        floats["sumsq"] = m2 + total.square() / n
-    if columns & {"l1", "abs_min", "abs_m2", "abs_median"}:
-        magnitude = torch.abs(values, out=buf) if buf is not None else values.abs()
-        l1 = magnitude.sum()
-        floats["l1"] = l1
+        centred = flat - (total / safe_n)[segment]
+        m2 = seg_sum(centred.square()) - seg_sum(centred).square() / safe_n
+        _set(rows, index, "m2", m2)
+        _set(rows, index, "sumsq", m2 + total.square() / safe_n)
+    if columns & {"l1", "abs_min", "abs_m2"}:
+        magnitude = flat.abs()
+        l1 = seg_sum(magnitude)
+        _set(rows, index, "l1", l1)
         if "abs_min" in columns:
-            floats["abs_min"] = magnitude.amin()
-        if "abs_median" in columns:
-            floats["abs_median"] = _exact_median(magnitude)
+            _set(rows, index, "abs_min", seg_extreme(magnitude, "amin"))
         if "abs_m2" in columns:
-            floats["abs_m2"] = _centred_m2(magnitude.sub_(l1 / n), n)
+            centred = magnitude - (l1 / safe_n)[segment]
+            _set(rows, index, "abs_m2", seg_sum(centred.square()) - seg_sum(centred).square() / safe_n)
+    if "zero_count" in columns:
+        _set(rows, index, "zero_count", seg_sum((flat == 0).to(torch.float64)))
     if "prod" in columns:
-        floats["prod"] = values.to(torch.float64).prod()
-    if "median" in columns:
-        floats["median"] = _exact_median(values)
-    names = list(floats)
-    stacked = torch.stack([floats[k].to(values.dtype) for k in names]).to(torch.float64)
-    for i, k in enumerate(names):
-        out[COL[k]] = stacked[i]
-    if "prod" in floats:  # keep the float64 product unrounded
-        out[COL["prod"]] = floats["prod"]
-    if "zero_count" in columns:  # a count, kept exact in float64 (float32 is exact only to 2**24)
-        out[COL["zero_count"]] = (n - torch.count_nonzero(values)).to(torch.float64)
-    return torch.stack(out)
+        _set(rows, index, "prod", torch.ones_like(zeros).scatter_reduce_(0, segment, flat, "prod", include_self=True))
+    for name in ("median", "abs_median"):  # not a segment reduction: one sort per tensor, only on request
+        if name in columns:
+            medians = [_exact_median(v.abs() if name == "abs_median" else v) for v in values]
+            _set(rows, index, name, torch.stack([m.to(torch.float64) for m in medians]))
+
+
+def _large_rows(
+    rows: torch.Tensor,
+    index: list[int],
+    values: list[torch.Tensor],
+    columns: list[frozenset[str]],
+    scratch: Callable[[torch.Tensor], torch.Tensor] | None,
+) -> None:
+    """A handful of full-tensor reductions each; the scalar arithmetic is done once for all."""
+    device = rows.device
+    nan = torch.tensor(math.nan, device=device)
+    raw: dict[str, list[torch.Tensor]] = {k: [] for k in ("sum", "min", "max", "dev", "sq")}
+    extra: dict[str, tuple[list[int], list[torch.Tensor]]] = {}
+
+    def add(name: str, i: int, value: torch.Tensor) -> None:
+        extra.setdefault(name, ([], []))[0].append(i)
+        extra[name][1].append(value.to(torch.float64))
+
+    for i, (v, cols) in zip(index, zip(values, columns, strict=True), strict=True):
+        n = v.numel()
+        buf = scratch(v)[:n] if scratch is not None else torch.empty_like(v)
+        total = v.sum()
+        low, high = torch.aminmax(v)
+        raw["sum"].append(total)
+        raw["min"].append(low)
+        raw["max"].append(high)
+        if cols & {"m2", "sumsq"}:
+            centred = torch.sub(v, total, alpha=1.0 / n, out=buf)  # v - mean, into the scratch buffer
+            raw["dev"].append(centred.sum())
+            raw["sq"].append(centred.square_().sum())
+        else:
+            raw["dev"].append(nan.to(v.dtype))
+            raw["sq"].append(nan.to(v.dtype))
+        if cols & {"l1", "abs_min", "abs_m2", "abs_median"}:
+            magnitude = torch.abs(v, out=buf)
+            l1 = magnitude.sum()
+            add("l1", i, l1)
+            if "abs_min" in cols:
+                add("abs_min", i, magnitude.amin())
+            if "abs_median" in cols:
+                add("abs_median", i, _exact_median(magnitude))
+            if "abs_m2" in cols:
+                centred = magnitude.sub_(l1 / n)
+                add("abs_m2", i, centred.sum().square().neg_().div_(n).add_(centred.square_().sum()))
+        if "zero_count" in cols:
+            add("zero_count", i, n - torch.count_nonzero(v))
+        if "prod" in cols:
+            add("prod", i, v.to(torch.float64).prod())
+        if "median" in cols:
+            add("median", i, _exact_median(v))
+    stacked = {k: torch.stack([x.to(torch.float64) for x in xs]) for k, xs in raw.items()}
+    n = torch.tensor([v.numel() for v in values], dtype=torch.float64, device=device)
+    m2 = stacked["sq"] - stacked["dev"].square() / n
+    _set(rows, index, "sum", stacked["sum"])
+    _set(rows, index, "min", stacked["min"])
+    _set(rows, index, "max", stacked["max"])
+    _set(rows, index, "m2", m2)
+    _set(rows, index, "sumsq", m2 + stacked["sum"].square() / n)
+    for name, (where, xs) in extra.items():
+        _set(rows, where, name, torch.stack(xs))
+
+
+def partial_row(values: torch.Tensor, columns: frozenset[str]) -> torch.Tensor:
+    """The partial row of one flat tensor (see :func:`partial_rows`)."""
+    return partial_rows([values], [columns])[0]
 
 
 def nonfinite_counts(values: torch.Tensor) -> torch.Tensor:
@@ -301,41 +392,95 @@ def reject_outliers(values: torch.Tensor, fraction: float) -> tuple[torch.Tensor
     return kept, finite.sum() - kept.sum()
 
 
-def histogram_edges(low: torch.Tensor, high: torch.Tensor, bins: int, dtype: torch.dtype) -> torch.Tensor:
-    """``bins + 1`` edges over ``[low, high]`` (0-d tensors), rounded to ``dtype``.
-
-    A degenerate range (``low == high``) is widened to ``[low - 0.5, high + 0.5]``, as numpy does.
-    The edges are rounded to the dtype the values are compared in, so that the reported edges are
-    exactly the ones used: ``np.histogram(values, bins=edges)`` reproduces the counts.
-    """
+def histogram_range(low: torch.Tensor, high: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tensor ranges ``[G]`` in ``dtype``; a point range is widened by 0.5 each side (as numpy
+    does) and a missing one (all-NaN or empty tensor) becomes ``[-0.5, 0.5]``."""
     low = low.to(torch.float64)
     high = high.to(torch.float64)
-    same = low == high
-    low = torch.where(same, low - 0.5, low)
-    high = torch.where(same, high + 0.5, high)
-    steps = torch.arange(bins + 1, dtype=torch.float64, device=low.device)
-    edges = low + steps * ((high - low) / bins)
-    edges[-1] = high
-    return edges.to(dtype)
+    missing = ~(torch.isfinite(low) & torch.isfinite(high))
+    low = torch.where(missing, torch.zeros_like(low), low)
+    high = torch.where(missing, torch.zeros_like(high), high)
+    same = low >= high
+    return torch.where(same, low - 0.5, low).to(dtype), torch.where(same, high + 0.5, high).to(dtype)
 
 
-def histogram_counts(values: torch.Tensor, edges: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Counts of ``values`` in ``edges`` (numpy semantics: ``[e_i, e_i+1)``, the last bin closed).
+def histogram_counts(
+    samples: list[torch.Tensor],
+    low: torch.Tensor,
+    high: torch.Tensor,
+    bins: int,
+    masks: list[torch.Tensor | None] | None = None,
+    clip: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Counts of every sample over its ``[low[g], high[g]]`` in ``bins`` bins, in one batched pass.
 
-    Values outside ``[edges[0], edges[-1]]``, NaN, and values where ``mask`` is False are not
-    counted. The bin is found arithmetically, then corrected against the edges themselves, which
-    gives numpy's exact answer for the same edges at the cost of a few elementwise passes.
+    A value ``x`` goes to bin ``min(floor((x - low) * scale), bins - 1)`` with
+    ``scale = bins / (high - low)`` rounded to the values' dtype. A subtraction and a
+    multiplication are each correctly rounded on every IEEE kernel, so this is a deterministic,
+    monotone function of ``x``: :func:`exact_edges` finds, on the host, the exact values where it
+    changes bin, and numpy's ``np.histogram(values, bins=edges)`` reproduces the counts. (Binning
+    against rounded edges would need a correction pass with two gathers per value.)
+
+    ``masks[g]`` (over sample ``g``) leaves values out. With ``clip`` (a fixed range), values
+    outside ``[low, high]`` are not binned and are counted in ``below``/``above``; otherwise the
+    range is the data's and every finite value lies inside it. NaN and ±Inf are never binned by
+    the caller's contract: a tensor holding them is binned again with a finite mask.
+    Returns ``(counts [G, bins] int64, scale [G], below [G], above [G])``.
     """
-    bins = edges.numel() - 1
-    values = values.to(edges.dtype)
-    low, high = edges[0], edges[-1]
-    inside = (values >= low) & (values <= high)
-    if mask is not None:
-        inside &= mask
-    scale = bins / (high - low)
-    index = ((values - low) * scale).nan_to_num_(0.0, 0.0, 0.0).floor_().clamp_(0, bins - 1).to(torch.int64)
-    index -= (values < edges[index]).to(torch.int64)
-    index.clamp_(0, bins - 1)
-    index += ((values >= edges[index + 1]) & (index < bins - 1)).to(torch.int64)
-    index = torch.where(inside, index, torch.full_like(index, bins))
-    return torch.bincount(index, minlength=bins + 1)[:bins]
+    groups = len(samples)
+    device, dtype = low.device, low.dtype
+    lengths = torch.tensor([s.numel() for s in samples], device=device)
+    flat = torch.cat([s.reshape(-1).to(dtype) for s in samples])
+    scale = (bins / (high.to(torch.float64) - low.to(torch.float64))).to(dtype)
+    position = (flat - torch.repeat_interleave(low, lengths, output_size=flat.numel())).mul_(
+        torch.repeat_interleave(scale, lengths, output_size=flat.numel())
+    )
+    index = position.nan_to_num_(0.0, float(bins - 1), 0.0).clamp_(0, bins - 1).to(torch.int64)
+    index += torch.repeat_interleave(torch.arange(groups, device=device) * bins, lengths, output_size=flat.numel())
+    keep = None
+    if masks is not None and any(m is not None for m in masks):
+        keep = torch.cat([torch.ones(s.numel(), dtype=torch.bool, device=device) if m is None else m.reshape(-1)
+                          for s, m in zip(samples, masks, strict=True)])
+    below = above = torch.zeros(groups, dtype=torch.int64, device=device)
+    if clip:
+        segment = torch.repeat_interleave(torch.arange(groups, device=device), lengths, output_size=flat.numel())
+        is_below = flat < torch.repeat_interleave(low, lengths, output_size=flat.numel())
+        is_above = flat > torch.repeat_interleave(high, lengths, output_size=flat.numel())
+        if keep is not None:
+            is_below &= keep
+            is_above &= keep
+        below = torch.bincount(segment[is_below], minlength=groups)
+        above = torch.bincount(segment[is_above], minlength=groups)
+        outside = is_below | is_above
+        keep = ~outside if keep is None else keep & ~outside
+    if keep is not None:
+        index = torch.where(keep, index, torch.full_like(index, groups * bins))
+    counts = torch.bincount(index, minlength=groups * bins + 1)[: groups * bins].reshape(groups, bins)
+    return counts, scale, below, above
+
+
+def exact_edges(low: float, high: float, scale: float, bins: int, dtype: np.dtype) -> np.ndarray:
+    """The ``bins + 1`` edges (float64) at which :func:`histogram_counts` changes bin.
+
+    Edge ``i`` is the smallest ``x`` of ``dtype`` with ``floor((x - low) * scale) >= i``, found
+    from the real-valued estimate by a few ``nextafter`` steps in exactly the arithmetic the
+    device used; edge 0 is ``low`` and the last is ``high`` (the last bin is closed). Bins too
+    narrow for ``dtype`` come out empty, with equal edges, which numpy accepts.
+    """
+    lo, hi, sc = dtype.type(low), dtype.type(high), dtype.type(scale)
+    target = np.arange(1, bins, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        candidate = np.clip((float(lo) + target / float(sc)).astype(dtype), lo, hi)
+
+        def bin_of(x: np.ndarray) -> np.ndarray:
+            return np.floor((x - lo) * sc)
+
+        for step_towards in (-np.inf, np.inf):  # down until below the edge, then up onto it
+            for _ in range(1000):
+                move = bin_of(candidate) >= target if step_towards < 0 else bin_of(candidate) < target
+                move &= (candidate > lo) if step_towards < 0 else (candidate < hi)
+                if not move.any():
+                    break
+                candidate[move] = np.nextafter(candidate[move], dtype.type(step_towards))
+    edges = np.concatenate([[lo], np.minimum(candidate, hi), [hi]]).astype(np.float64)
+    return np.maximum.accumulate(edges)

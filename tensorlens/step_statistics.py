@@ -3,7 +3,8 @@
 The training thread calls :meth:`StepStatistics.compute` with all the tensors of a step. Every
 partial row and histogram is computed on the tensors' device without a host sync; then one
 ``.cpu()`` of one concatenated buffer brings everything over. Only a step in which some tensor
-holds NaN or Inf (or whose float32 histogram edges collapse) needs a second, smaller pass and copy.
+holds NaN or Inf needs a second, smaller pass and copy. Histogram edges are derived exactly on the
+host, off the training thread (:func:`~tensorlens.reductions.exact_edges`).
 The host side is turned into records later, on the dispatcher thread (:meth:`HostStatistics.entries`).
 """
 
@@ -24,12 +25,13 @@ from tensorlens.reductions import (
     COL,
     PARTIALS,
     as_values,
+    exact_edges,
     finalize,
     histogram_counts,
-    histogram_edges,
+    histogram_range,
     needed_columns,
     nonfinite_counts,
-    partial_row,
+    partial_rows,
     reject_outliers,
     strided_sample,
 )
@@ -81,9 +83,10 @@ class _JobMeta:
 @dataclasses.dataclass
 class _HostHistogram:
     counts: np.ndarray
-    edges: np.ndarray
     low: float
     high: float
+    scale: float
+    dtype: np.dtype
     binned: int
     rejected: int
     underflow: int
@@ -119,7 +122,7 @@ class HostStatistics:
                     HistogramEntry(
                         tensor=job.name,
                         counts=hist.counts,
-                        edges=hist.edges,
+                        edges=exact_edges(hist.low, hist.high, hist.scale, len(hist.counts), hist.dtype),
                         min=hist.low,
                         max=hist.high,
                         count=hist.binned,
@@ -137,11 +140,14 @@ class HostStatistics:
 
 
 @dataclasses.dataclass
-class _DeviceHistogram:
-    counts: torch.Tensor  # int64 [bins]
-    edges: torch.Tensor  # float64 [bins + 1]
-    extra: torch.Tensor  # float64 [low, high, binned, rejected, underflow, overflow]
-    sampled: bool
+class _DeviceHistograms:
+    """Histograms of several jobs, still on the device."""
+
+    index: list[int]  # job indices, one per row below
+    counts: torch.Tensor  # int64 [G, bins]
+    extra: torch.Tensor  # float64 [G, 7]: low, high, scale, binned, rejected, underflow, overflow
+    sampled: list[bool]
+    dtype: torch.dtype  # the dtype values were binned in; the host derives exact edges in it
 
 
 class StepStatistics:
@@ -206,44 +212,57 @@ class StepStatistics:
             return HostStatistics(metas, np.zeros((0, len(PARTIALS))), {}, {})
         values = [self._values(job) for job in jobs]
         device = values[0].device
-        rows = torch.stack(
-            [
-                partial_row(v, needed_columns(job.stats), self._scratch_for(v)).to(device)
-                for v, job in zip(values, jobs, strict=True)
-            ]
-        )
+        values = [v.to(device) for v in values]
+        partitioned = [job.partitioned for job in jobs]
+        rows = partial_rows(values, [needed_columns(job.stats) for job in jobs], self._scratch_for)
         if reducer is not None:
-            partitioned = torch.tensor([job.partitioned for job in jobs], device=device)
-            rows = reducer.merge_rows(rows, partitioned)
+            rows = reducer.merge_rows(rows, torch.tensor(partitioned, device=device))
         hist_index = [i for i, meta in enumerate(metas) if meta.histogram is not None]
-        device_hists = {
-            i: self._histogram(values[i], metas[i].histogram, rows[i, COL["min"]], rows[i, COL["max"]], None, reducer)
-            for i in hist_index
-        }
+        device_hists = self._histograms(
+            hist_index, values, metas, rows[:, COL["min"]], rows[:, COL["max"]], None, partitioned, reducer
+        )
         host_rows, host_hists = self._copy(rows, device_hists)
 
-        # Second pass, only for tensors holding NaN/Inf (min/max propagate them) or whose edges collapsed
-        minimum, maximum = host_rows[:, COL["min"]], host_rows[:, COL["max"]]
+        # Second pass, only for tensors holding NaN/Inf (sum, min and max reveal them).
         nonempty = host_rows[:, COL["count"]] > 0
-        nonfinite = nonempty & ~(np.isfinite(minimum) & np.isfinite(maximum))
+        with np.errstate(invalid="ignore"):
+            finite = np.isfinite(host_rows[:, [COL["sum"], COL["min"], COL["max"]]]).all(axis=1)
+        nonfinite = nonempty & ~finite
         host_rows[~nonfinite, COL["nan_count"]] = 0.0
         host_rows[~nonfinite, COL["inf_count"]] = 0.0
-        collapsed = {i for i, h in host_hists.items() if not np.all(np.diff(h.edges) > 0)}
-        redo = sorted(set(np.flatnonzero(nonfinite).tolist()) | collapsed)
+        redo = np.flatnonzero(nonfinite).tolist()
         if redo:
             counts = torch.stack([nonfinite_counts(values[i]) for i in redo])
-            if reducer is not None:
-                counts = reducer.sum(counts)
-            redo_hists = {}
-            for i in redo:
-                if i not in device_hists:
-                    continue
-                v = values[i] if i not in collapsed else values[i].to(torch.float64)
-                sample = strided_sample(v, metas[i].histogram.sample)
-                finite = torch.isfinite(sample)
-                low = torch.where(finite, sample, math.inf).amin() if sample.numel() else torch.zeros((), device=device)
-                high = torch.where(finite, sample, -math.inf).amax() if sample.numel() else torch.zeros((), device=device)
-                redo_hists[i] = self._histogram(v, metas[i].histogram, low, high, finite, reducer)
+            # Collectives only for partitioned tensors: their merged rows and agreed edges are the
+            # same on every rank, so every rank redoes the same ones (a replicated tensor's local
+            # data must not decide a collective), and a replicated tensor's counts are already whole.
+            shared_redo = [j for j, i in enumerate(redo) if partitioned[i]] if reducer is not None else []
+            if shared_redo:
+                at = torch.tensor(shared_redo, device=counts.device)
+                counts[at] = reducer.sum(counts[at])  # NaN/Inf are partitioned exactly like the values
+            again = [i for i in redo if i in host_hists]
+            shared_again = [i for i in again if partitioned[i]] if reducer is not None else []
+            low, high, masks = [], [], {}
+            for i in again:
+                sample = strided_sample(values[i], metas[i].histogram.sample)
+                is_finite = torch.isfinite(sample)
+                masks[i] = is_finite
+                # an empty sample (a rank without this tensor) must not move the agreed range: +-inf
+                low.append(torch.where(is_finite, sample, math.inf).amin() if sample.numel() else torch.tensor(math.inf, device=device))
+                high.append(torch.where(is_finite, sample, -math.inf).amax() if sample.numel() else torch.tensor(-math.inf, device=device))
+            lows = torch.full((len(values),), math.nan, dtype=torch.float64, device=device)
+            highs = lows.clone()
+            if again:
+                where = torch.tensor(again, device=device)
+                lows[where] = torch.stack(low).to(torch.float64)
+                highs[where] = torch.stack(high).to(torch.float64)
+                if shared_again:  # a sample's finite range is local: agree on it
+                    at = torch.tensor(shared_again, device=device)
+                    lows[at], highs[at] = reducer.min_max(lows[at], highs[at])
+            redo_hists = self._histograms(shared_again, values, metas, lows, highs, masks, partitioned, reducer)
+            redo_hists += self._histograms(
+                [i for i in again if i not in shared_again], values, metas, lows, highs, masks, partitioned, None
+            )
             extra_rows, extra_hists = self._copy(counts, redo_hists)
             for j, i in enumerate(redo):
                 host_rows[i, COL["nan_count"]] = extra_rows[j, 0]
@@ -253,78 +272,85 @@ class StepStatistics:
         raw = {i: values[i].reshape(_shape_of(job)).cpu().numpy().copy() for i, job in enumerate(jobs) if job.save_raw}
         return HostStatistics(metas, host_rows, host_hists, raw)
 
-    def _histogram(
+    def _histograms(
         self,
-        values: torch.Tensor,
-        config: HistogramConfig,
-        low: torch.Tensor,
-        high: torch.Tensor,
-        finite: torch.Tensor | None,
+        index: list[int],
+        values: list[torch.Tensor],
+        metas: list[_JobMeta],
+        lows: torch.Tensor,
+        highs: torch.Tensor,
+        masks: dict[int, torch.Tensor] | None,
+        partitioned: list[bool],
         reducer: WorkerReducer | None,
-    ) -> _DeviceHistogram:
-        sample = strided_sample(values, config.sample)
-        sampled = sample.numel() < values.numel()
-        mask = finite
-        rejected = torch.zeros((), dtype=torch.float64, device=values.device)
-        if config.reject_outliers > 0.0:
-            kept, n_rejected = reject_outliers(sample, config.reject_outliers)
-            mask = kept if mask is None else (mask & kept)
-            rejected = n_rejected.to(torch.float64)
-            if sample.numel():
-                low = torch.where(kept, sample, math.inf).amin()
-                high = torch.where(kept, sample, -math.inf).amax()
-            if reducer is not None:
-                low, high = reducer.min_max(low, high)
-        low = low.to(torch.float64)
-        high = high.to(torch.float64)
-        # An all-NaN or empty tensor has no range: bin nothing over [-0.5, 0.5].
-        no_range = ~(torch.isfinite(low) & torch.isfinite(high))
-        low = torch.where(no_range, torch.zeros_like(low), low)
-        high = torch.where(no_range, torch.zeros_like(high), high)
-        underflow = overflow = torch.zeros((), dtype=torch.float64, device=values.device)
-        if config.range is not None:
-            fixed_low, fixed_high = config.range
-            edges = histogram_edges(
-                torch.tensor(fixed_low, dtype=torch.float64, device=values.device),
-                torch.tensor(fixed_high, dtype=torch.float64, device=values.device),
-                config.bins,
-                sample.dtype,
-            )
-            underflow = (sample < edges[0]).sum().to(torch.float64)
-            overflow = (sample > edges[-1]).sum().to(torch.float64)
-        else:
-            edges = histogram_edges(low, high, config.bins, sample.dtype)
-        counts = histogram_counts(sample, edges, mask)
-        extra = torch.stack([low, high, counts.sum().to(torch.float64), rejected, underflow, overflow])
-        if reducer is not None:
-            counts = reducer.sum(counts)
-            summed = reducer.sum(extra[2:])
-            extra = torch.cat([extra[:2], summed])
-        return _DeviceHistogram(counts, edges.to(torch.float64), extra, sampled)
+    ) -> list[_DeviceHistograms]:
+        """Histograms of the jobs in ``index``, batched by (bins, dtype, fixed range).
 
-    def _copy(
-        self, rows: torch.Tensor, hists: dict[int, _DeviceHistogram]
-    ) -> tuple[np.ndarray, dict[int, _HostHistogram]]:
+        ``lows``/``highs`` ``[N]`` give each tensor's range unless its config fixes one or rejects
+        outliers; ``masks[i]`` (over the sample) leaves values out.
+        """
+        groups: dict[tuple[int, torch.dtype, tuple[float, float] | None], list[int]] = {}
+        for i in index:
+            config = metas[i].histogram
+            groups.setdefault((config.bins, values[i].dtype, config.range), []).append(i)
+        out = []
+        for (bins, dtype, fixed), members in groups.items():
+            device = values[members[0]].device
+            where = torch.tensor(members, device=device)
+            samples, group_masks, sampled = [], [], []
+            low, high = lows[where].clone(), highs[where].clone()
+            rejected = torch.zeros(len(members), dtype=torch.float64, device=device)
+            for g, i in enumerate(members):
+                config = metas[i].histogram
+                sample = strided_sample(values[i], config.sample)
+                mask = masks.get(i) if masks else None
+                if config.reject_outliers > 0.0:  # rare: a per-tensor median and quantile
+                    kept, n_rejected = reject_outliers(sample, config.reject_outliers)
+                    mask = kept if mask is None else mask & kept
+                    rejected[g] = n_rejected.to(torch.float64)
+                    if sample.numel():
+                        low[g] = torch.where(kept, sample, math.inf).amin().to(torch.float64)
+                        high[g] = torch.where(kept, sample, -math.inf).amax().to(torch.float64)
+                samples.append(sample)
+                group_masks.append(mask)
+                sampled.append(sample.numel() < values[i].numel())
+            if reducer is not None and any(metas[i].histogram.reject_outliers > 0 for i in members):
+                low, high = reducer.min_max(low, high)
+            if fixed is not None:
+                low, high = torch.full_like(low, fixed[0]), torch.full_like(high, fixed[1])
+            low, high = histogram_range(low, high, dtype)  # also: no range (all NaN, empty) -> [-0.5, 0.5]
+            counts, scale, below, above = histogram_counts(samples, low, high, bins, group_masks, clip=fixed is not None)
+            extra = torch.stack([low, high, scale, counts.sum(1), rejected, below, above]).to(torch.float64).T.contiguous()
+            if reducer is not None and any(partitioned[i] for i in members):  # agreed: same on every rank
+                # replicated tensors are identical on every rank: summing them would count world_size times
+                shared = torch.tensor([partitioned[i] for i in members], device=device)
+                counts = torch.where(shared[:, None], reducer.sum(counts), counts)
+                extra[:, 3:] = torch.where(shared[:, None], reducer.sum(extra[:, 3:]), extra[:, 3:])
+            out.append(_DeviceHistograms(members, counts, extra, sampled, dtype))
+        return out
+
+    def _copy(self, rows: torch.Tensor, hists: list[_DeviceHistograms]) -> tuple[np.ndarray, dict[int, _HostHistogram]]:
         """One device-to-host copy of ``rows`` and every histogram."""
         parts = [rows.reshape(-1).to(torch.float64)]
-        for h in hists.values():
-            parts += [h.counts.to(torch.float64), h.edges, h.extra]
+        for h in hists:
+            parts += [h.counts.reshape(-1).to(torch.float64), h.extra.reshape(-1)]
         flat = self._to_host(torch.cat(parts))
         n_rows = rows.numel()
         host_rows = flat[:n_rows].reshape(rows.shape).copy()
         out: dict[int, _HostHistogram] = {}
         offset = n_rows
-        for i, h in hists.items():
-            bins = h.counts.numel()
-            counts = flat[offset : offset + bins].astype(np.int64)
-            offset += bins
-            edges = flat[offset : offset + bins + 1].copy()
-            offset += bins + 1
-            low, high, binned, rejected, underflow, overflow = flat[offset : offset + 6]
-            offset += 6
-            out[i] = _HostHistogram(
-                counts, edges, float(low), float(high), int(binned), int(rejected), int(underflow), int(overflow), h.sampled
-            )
+        for h in hists:
+            groups, bins = h.counts.shape
+            counts = flat[offset : offset + groups * bins].reshape(groups, bins).astype(np.int64)
+            offset += groups * bins
+            extra = flat[offset : offset + groups * 7].reshape(groups, 7)
+            offset += groups * 7
+            dtype = np.dtype(str(h.dtype).removeprefix("torch."))
+            for g, i in enumerate(h.index):
+                low, high, scale, binned, rejected, underflow, overflow = extra[g]
+                out[i] = _HostHistogram(
+                    counts[g].copy(), float(low), float(high), float(scale), dtype, int(binned), int(rejected),
+                    int(underflow), int(overflow), h.sampled[g],
+                )
         return host_rows, out
 
 

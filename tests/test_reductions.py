@@ -228,3 +228,16 @@ def test_histogram_outlier_rejection() -> None:
     assert h.rejected == 10 and h.counts.sum() == 990
     assert h.edges[-1] < 100  # the range follows the kept values
 
+
+
+@pytest.mark.parametrize("offset, spread", [(1e4, 1e-3), (1.0, 1e-6), (-3e7, 5.0)])
+def test_histogram_of_a_range_narrower_than_float32_can_split(offset: float, spread: float) -> None:
+    # 512 bins over a range of a few ulps: bins collapse to equal edges and stay empty, yet every
+    # value is counted exactly where numpy puts it with the reported edges
+    torch.manual_seed(5)
+    tensor = (torch.rand(5000, dtype=torch.float64) * spread + offset).float()
+    _, hists, _ = compute([tensor], histogram=HistogramConfig(bins=512))
+    h = hists["t/0"]
+    assert np.all(np.diff(h.edges) >= 0)
+    np.testing.assert_array_equal(h.counts, np.histogram(tensor.double().numpy(), bins=h.edges)[0])
+    assert h.counts.sum() == 5000
