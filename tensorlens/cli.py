@@ -1,6 +1,7 @@
 """The ``tensorlens`` command: inspect a stored run.
 
     tensorlens summary tensorlens_runs/<run>       # steps, tensors and the last values
+    tensorlens wandb-install-chart --entity E      # install the W&B histogram-heatmap chart
 """
 
 from __future__ import annotations
@@ -34,6 +35,13 @@ def _summary(args: argparse.Namespace) -> int:
     return 0
 
 
+def _wandb_install_chart(args: argparse.Namespace) -> int:
+    # imported here: the CLI core never imports an optional tracker
+    from tensorlens.integrations.wandb import install_chart_command
+
+    return install_chart_command(args.entity, args.name, args.access, print_spec=args.print_spec)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tensorlens", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -41,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     summary.add_argument("run", help="a run folder")
     summary.add_argument("--regex", default=None, help="only tensors whose name matches")
     summary.set_defaults(handler=_summary)
+    chart = sub.add_parser("wandb-install-chart", help="install the histogram-heatmap custom chart on the W&B server")
+    chart.add_argument("--entity", default=None, help="the W&B user or team that owns the chart (required to install)")
+    chart.add_argument("--name", default="tensorlens/histogram-heatmap", help="chart name (default: %(default)s)")
+    chart.add_argument("--access", choices=("private", "public"), default="private")
+    chart.add_argument("--print-spec", action="store_true", help="print the Vega-Lite spec instead of installing it")
+    chart.set_defaults(handler=_wandb_install_chart)
     return parser
 
 

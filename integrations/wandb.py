@@ -1,0 +1,465 @@
+"""The ``"wandb"`` backend: translates tensorlens records into a Weights & Biases run.
+
+>>> run = wandb.init(project="demo")                    # doctest: +SKIP
+>>> hook = tl.watch(model)                              # doctest: +SKIP
+>>> # or explicitly, with options:
+>>> hook = tl.watch(model, backends=[WandbBackend(heatmap_tensors=r"^gradients/")])  # doctest: +SKIP
+
+What lands in the run (``prefix="tensorlens"``):
+
+- ``tensorlens/<collection>/<tensor>/<stat>`` for every statistic, e.g.
+  ``tensorlens/gradients/fc1.weight/l2``, plotted against ``tensorlens/step`` (the optimizer
+  step of the record) through ``define_metric``. Records of other modes are keyed
+  ``tensorlens/<mode>/...`` (with ``tensorlens/<mode>/step``, the mode step, in the same row);
+  records of a single worker in a distributed run (``include_workers="all"``) are keyed
+  ``tensorlens/<worker>/...`` unless the worker is ``worker_0`` or ``reduced``.
+- ``tensorlens/<collection>/<tensor>/histogram``: a ``wandb.Histogram`` built from the exact
+  bins (no re-binning).
+- ``tensorlens/profile/<collection>/<stat>``: a line chart of one statistic by layer depth, one
+  line per saved step (built-in preset ``wandb/line/v0``), and, for the tensors named in
+  ``heatmap_tensors``, ``tensorlens/heatmap/<tensor>``: the histogram over time as a heatmap
+  (the Vega-Lite spec in ``wandb_heatmap_spec.json``, installed once with
+  ``tensorlens wandb-install-chart --entity E``). Their tables are logged every ``table_every``
+  saved steps and once more at ``close()``: each logged table is an artifact.
+
+How rows are shared with your own ``wandb.log`` calls: tensorlens never passes ``step=``. A
+record is merged into the row that is open (``commit=False``), next to your own keys, which it
+never touches. When tensorlens's previous record still sits in that open row (you have not
+logged since), the two would overwrite each other: tensorlens then closes the row first, which
+advances W&B's ``_step`` by one, unless you pass ``step=`` to ``wandb.log``. Then closing your
+row could make W&B drop your next call for that step, so the record waits (up to
+``MAX_DEFERRED`` records) until you move on to the next row, and whatever still waits is logged
+at ``close()``. With ``extra_step_keys`` (Lightning's ``trainer/global_step``) every record
+gets a row of its own instead, so that the shared step key in a row always belongs to the
+row's values.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import sys
+import warnings
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from tensorlens.backends.base import Backend, RunInfo
+from tensorlens.config import expected
+from tensorlens.modes import ModeKeys
+from tensorlens.records import HistogramEntry, StepRecord, collection_of
+
+if TYPE_CHECKING:
+    from wandb.sdk.wandb_run import Run as WandbRun
+
+#: Name under which ``tensorlens wandb-install-chart`` installs the heatmap spec.
+HEATMAP_CHART_NAME = "tensorlens/histogram-heatmap"
+#: The Vega-Lite spec of the heatmap chart, shipped as package data.
+HEATMAP_SPEC_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wandb_heatmap_spec.json")
+#: Workers whose records are the run's own (no infix in the key).
+PRIMARY_WORKERS = ("worker_0", "reduced")
+#: More lines than this make the profile chart unreadable; older ones are thinned evenly.
+MAX_PROFILE_LINES = 24
+#: Steps kept per heatmap table (steps x bins rows are re-logged every time).
+MAX_HEATMAP_STEPS = 64
+#: Records held back while a user who passes ``step=`` has not moved on to the next row.
+MAX_DEFERRED = 32
+
+_INSTALL_HINT = "pip install 'tensorlens[wandb]'"
+
+
+def import_wandb() -> Any:
+    """Import ``wandb`` on first use, with the install hint if it is missing."""
+    try:
+        import wandb
+    except ImportError as err:
+        raise ImportError(f"The W&B backend needs the `wandb` package: {_INSTALL_HINT}") from err
+    return wandb
+
+
+class WandbBackend(Backend):
+    """Sends records to a W&B run (``wandb.run`` by default).
+
+    >>> run = wandb.init(project="demo")                          # doctest: +SKIP
+    >>> hook = tl.watch(model, backends=[WandbBackend()])         # doctest: +SKIP
+
+    Args:
+        run: the run to log to; default: ``wandb.run`` when the hook opens the backend.
+        prefix: first part of every key; also names the step metric ``{prefix}/step``.
+        histograms: log ``wandb.Histogram`` values (the local store keeps them either way).
+        extra_step_keys: keys that get the record's step in every logged row, for step metrics
+            defined by someone else for ``*``, such as Lightning's ``"trainer/global_step"``
+            (W&B resolves a key to the first glob that matches it). Each record then gets a
+            row of its own.
+        table_every: log the custom-chart tables every this many saved train steps (the first
+            saved step included), and once more at ``close()``.
+        profile: ``(collection, stat)`` for the per-layer profile chart, or ``None``.
+        heatmap_tensors: tensors that get a histogram-over-time heatmap: a regular expression
+            searched in names like ``"gradients/fc1.weight"``, or a list of exact names.
+            Default ``None`` (no heatmaps): the chart needs its spec installed on the server
+            first, and every heatmap table is an artifact of steps x bins rows.
+        heatmap_chart: the installed chart's id (``"<entity>/tensorlens/histogram-heatmap"``);
+            default: built from the run's entity.
+    """
+
+    name: ClassVar[str] = "wandb"
+    supports_histograms: ClassVar[bool] = True
+    main_process_only: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        *,
+        run: WandbRun | None = None,
+        prefix: str = "tensorlens",
+        histograms: bool = True,
+        extra_step_keys: Sequence[str] | str = (),
+        table_every: int = 10,
+        profile: tuple[str, str] | None = ("gradients", "l2"),
+        heatmap_tensors: str | Sequence[str] | None = None,
+        heatmap_chart: str | None = None,
+    ) -> None:
+        import_wandb()  # fail here, with the install hint, rather than on the dispatcher thread
+        if run is not None and not (callable(getattr(run, "log", None)) and callable(getattr(run, "define_metric", None))):
+            raise expected("run", "None or a wandb Run (what wandb.init() returns)", run)
+        if not isinstance(prefix, str) or not prefix or prefix.startswith("/") or prefix.endswith("/"):
+            raise expected("prefix", "a non-empty string that neither starts nor ends with '/'", prefix)
+        if not isinstance(histograms, bool):
+            raise expected("histograms", "a bool", histograms)
+        keys = (extra_step_keys,) if isinstance(extra_step_keys, str) else extra_step_keys
+        keys = tuple(keys) if isinstance(keys, Iterable) else None
+        if keys is None or not all(isinstance(k, str) and k for k in keys):
+            raise expected("extra_step_keys", "a list of non-empty key names", extra_step_keys)
+        if isinstance(table_every, bool) or not isinstance(table_every, int) or table_every < 1:
+            raise expected("table_every", "an integer >= 1", table_every)
+        if profile is not None and not (
+            isinstance(profile, (tuple, list)) and len(profile) == 2 and all(isinstance(p, str) and p for p in profile)
+        ):
+            raise expected("profile", 'None or a pair (collection, stat) such as ("gradients", "l2")', profile)
+        if heatmap_chart is not None and (not isinstance(heatmap_chart, str) or not heatmap_chart):
+            raise expected("heatmap_chart", "None or a chart id such as 'my-team/tensorlens/histogram-heatmap'", heatmap_chart)
+
+        self._run_arg = run
+        self.prefix = prefix
+        self.histograms = histograms
+        self.extra_step_keys = keys
+        self.table_every = table_every
+        self.profile = tuple(profile) if profile is not None else None
+        self._heatmap_match = _tensor_matcher(heatmap_tensors)
+        self.heatmap_chart = heatmap_chart
+        # the dispatcher strips histograms from records for a backend that does not take them
+        self.supports_histograms = histograms or self._heatmap_match is not None  # type: ignore[misc]
+
+        self._wandb: Any = None
+        self._run: Any = None
+        self._disabled = False
+        self._pending_step: int | None = None  # W&B step of the open row holding our last record
+        self._deferred: collections.deque[dict[str, Any]] = collections.deque()  # rows waiting for a row
+        self._last_step = 0
+        self._train_records = 0  # saved train records seen: drives the table schedule
+        self._unlogged = False  # a snapshot was taken after the last table log
+        self._profile_lines = _Thinned(MAX_PROFILE_LINES)
+        self._profile_key: str | None = None
+        self._heatmaps: dict[str, _Thinned] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def open(self, run: RunInfo) -> None:
+        self._wandb = import_wandb()
+        self._run = self._run_arg if self._run_arg is not None else self._wandb.run
+        if self._run is None:
+            raise RuntimeError(
+                "No active W&B run: call wandb.init(...) before tl.watch(...), or pass "
+                "WandbBackend(run=...) (in Lightning: WandbBackend(run=logger.experiment))"
+                + (f" [rank {run.rank}]" if run.world_size > 1 else "")
+            )
+        # mode="disabled" gives a NoopRun that ignores everything: skip the translation too
+        self._disabled = bool(getattr(self._run, "disabled", False))
+        self._run.define_metric(f"{self.prefix}/step")
+        self._run.define_metric(f"{self.prefix}/*", step_metric=f"{self.prefix}/step")
+        if self._heatmap_match is not None and self.heatmap_chart is None:
+            entity = getattr(self._run, "entity", "") or ""
+            self.heatmap_chart = f"{entity}/{HEATMAP_CHART_NAME}" if entity else HEATMAP_CHART_NAME
+            if not entity:
+                warnings.warn(
+                    "tensorlens: the W&B run has no entity (offline?), so the heatmap panels point to "
+                    f"{HEATMAP_CHART_NAME!r}; pass WandbBackend(heatmap_chart='<entity>/{HEATMAP_CHART_NAME}') "
+                    "for panels that work after `wandb sync`",
+                    stacklevel=2,
+                )
+
+    def write(self, record: StepRecord) -> None:
+        if self._disabled:
+            return
+        self._check_active()
+        row = self._row(record)
+        if record.mode == ModeKeys.TRAIN and self._take_snapshots(record):
+            if (self._train_records - 1) % self.table_every == 0:
+                row.update(self._charts())
+        self._last_step = record.step
+        self._log(row, record.step)
+
+    def flush(self) -> None:
+        """Log held-back records that now have a row. The open row itself is left open: W&B
+        writes it when it is committed (by your next ``wandb.log``, tensorlens's next record or
+        ``wandb.finish()``); committing it here would move W&B's step under your feet."""
+        run = self._run
+        if run is not None and self._deferred and not self._disabled and not getattr(run, "_is_finished", False):
+            self._drain(run)
+
+    def close(self) -> None:
+        try:
+            if self._run is not None and (self._unlogged or self._deferred) and not self._disabled:
+                self._check_active("the last records or custom-chart tables were not logged")
+                if self._unlogged:
+                    row: dict[str, Any] = {f"{self.prefix}/step": self._last_step}
+                    row.update(self._charts())
+                    self._log(row, self._last_step, final=True)
+                self._drain(self._run, final=True)  # nothing may stay behind
+        finally:
+            # The open row, if any, is the user's run's business: wandb.finish() commits it.
+            self._run = None
+
+    def _check_active(self, what: str = "records are not logged") -> None:
+        # A finished run refuses log() and its `step` waits 30 s for a service that is gone.
+        if getattr(self._run, "_is_finished", False):
+            raise RuntimeError(f"the W&B run is already finished, so {what}: call hook.close() before wandb.finish()")
+
+    # ------------------------------------------------------------------ translation
+
+    def _base(self, record: StepRecord) -> str:
+        parts = [self.prefix]
+        if record.mode != ModeKeys.TRAIN:
+            parts.append(str(record.mode))
+        if record.worker not in PRIMARY_WORKERS:
+            parts.append(record.worker)
+        return "/".join(parts)
+
+    def _row(self, record: StepRecord) -> dict[str, Any]:
+        base = self._base(record)
+        row: dict[str, Any] = {f"{self.prefix}/step": int(record.step)}
+        if record.mode != ModeKeys.TRAIN:
+            row[f"{self.prefix}/{record.mode}/step"] = int(record.mode_step)
+        for entry in record.scalars:
+            row[f"{base}/{entry.key}"] = float(entry.value)  # NaN and Inf go through as they are
+        if self.histograms:
+            for hist in record.histograms:
+                value = self._histogram(hist)
+                if value is not None:
+                    row[f"{base}/{hist.tensor}/histogram"] = value
+        return row
+
+    def _histogram(self, hist: HistogramEntry) -> Any:
+        # Nothing finite to bin (an all-NaN tensor) can leave non-finite edges, which W&B would
+        # store as a broken chart; the NaN/Inf counts are in the scalars anyway.
+        if len(hist.counts) == 0 or not np.all(np.isfinite(hist.edges)):
+            return None
+        return self._wandb.Histogram(np_histogram=(np.asarray(hist.counts), np.asarray(hist.edges)))
+
+    def _log(self, row: dict[str, Any], step: int, final: bool = False) -> None:
+        run = self._run
+        if self.extra_step_keys:
+            # A row of our own: merged into a row of the logger's, the step key of one of us
+            # would overwrite the other's and place values at the wrong step.
+            for key in self.extra_step_keys:
+                row[key] = int(step)
+            run.log(row)
+            return
+        self._deferred.append(row)
+        self._drain(run, final=final)
+
+    def _drain(self, run: Any, final: bool = False) -> None:
+        """Log waiting rows, oldest first, each into an open row that holds no record of ours."""
+        while self._deferred:
+            if self._pending_step is not None and run.step == self._pending_step:
+                # Our previous record is still in the open row: this one would overwrite it.
+                if not final and len(self._deferred) <= MAX_DEFERRED and _user_passes_step(run):
+                    # You log with step=: closing your open row now could make W&B drop your
+                    # next call for that step. Wait for you to move on to the next row.
+                    return
+                run.log({}, commit=True)  # close the row (W&B's step +1)
+            run.log(self._deferred.popleft(), commit=False)
+            # Read after logging: if the user commits in between, we see a newer step and at
+            # worst close a row that was not ours, never overwrite our own values.
+            self._pending_step = run.step
+
+    # ------------------------------------------------------------------ custom charts
+
+    def _take_snapshots(self, record: StepRecord) -> bool:
+        taken = False
+        index = self._train_records
+        if self.profile is not None:
+            collection, stat = self.profile
+            line = [
+                (entry.tensor.split("/", 1)[1], float(entry.value))
+                for entry in record.scalars
+                if entry.stat == stat and collection_of(entry.tensor) == collection and "/" in entry.tensor
+            ]
+            if line:
+                self._profile_key = f"{self._base(record)}/profile/{collection}/{stat}"
+                self._profile_lines.add(index, (int(record.step), line))
+                taken = True
+        if self._heatmap_match is not None:
+            for hist in record.histograms:
+                if self._heatmap_match(hist.tensor) and len(hist.counts) and np.all(np.isfinite(hist.edges)):
+                    key = f"{self._base(record)}/heatmap/{hist.tensor}"
+                    self._heatmaps.setdefault(key, _Thinned(MAX_HEATMAP_STEPS)).add(
+                        index, (int(record.step), np.asarray(hist.counts), np.asarray(hist.edges))
+                    )
+                    taken = True
+        if taken:
+            self._train_records += 1
+            self._unlogged = True
+        return taken
+
+    def _charts(self) -> dict[str, Any]:
+        wandb = self._wandb
+        charts: dict[str, Any] = {}
+        if self._profile_key is not None and self.profile is not None:
+            collection, stat = self.profile
+            rows = [
+                [step, depth, tensor, value]
+                for step, line in self._profile_lines.values()
+                for depth, (tensor, value) in enumerate(line)
+            ]
+            table = wandb.Table(columns=list(PROFILE_COLUMNS), data=rows, allow_mixed_types=True)
+            charts[self._profile_key] = wandb.plot.line(
+                table, "depth", "value", stroke="step", title=f"{collection} {stat} by layer depth (one line per step)"
+            )
+        for key, snapshots in self._heatmaps.items():
+            rows = [
+                [step, float(edges[i]), float(edges[i + 1]), int(counts[i])]
+                for step, counts, edges in snapshots.values()
+                for i in range(len(counts))
+            ]
+            table = wandb.Table(columns=list(HEATMAP_COLUMNS), data=rows)
+            tensor = key.split("/heatmap/", 1)[1]
+            charts[key] = wandb.plot_table(
+                self.heatmap_chart,
+                table,
+                {name: name for name in HEATMAP_COLUMNS},
+                {"title": f"{tensor}: histogram over steps"},
+            )
+        self._unlogged = False
+        return charts
+
+
+#: Columns of the profile table: one row per (logged step, tensor).
+PROFILE_COLUMNS = ("step", "depth", "tensor", "value")
+#: Columns of a heatmap table: one row per (logged step, bin); the spec's ``${field:...}`` names.
+HEATMAP_COLUMNS = ("step", "low", "high", "count")
+
+
+class _Thinned:
+    """At most ``cap`` items, evenly spread over everything added: when full, every other item
+    is dropped and only every ``2 * stride``-th index is taken from then on. The latest item is
+    always shown, so a chart ends at the newest step."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.stride = 1
+        self.items: list[tuple[int, Any]] = []
+        self.latest: tuple[int, Any] | None = None
+
+    def add(self, index: int, item: Any) -> None:
+        self.latest = (index, item)
+        if index % self.stride:
+            return
+        self.items.append((index, item))
+        while len(self.items) > self.cap:
+            self.stride *= 2
+            self.items = [(i, x) for i, x in self.items if i % self.stride == 0]
+
+    def values(self) -> list[Any]:
+        items = list(self.items)
+        if self.latest is not None and (not items or items[-1][0] != self.latest[0]):
+            items.append(self.latest)
+        return [x for _, x in items]
+
+
+def _user_passes_step(run: Any) -> bool:
+    """Whether ``wandb.log(..., step=...)`` was called on ``run``: W&B's own telemetry flag, a
+    private attribute, so anything unexpected reads as "no" (and records are never held back)."""
+    try:
+        return bool(run._telemetry_obj.feature.set_step_log)
+    except Exception:
+        return False
+
+
+def _tensor_matcher(spec: str | Sequence[str] | None) -> Any:
+    if spec is None:
+        return None
+    what = "None, a regular expression or a list of tensor names such as 'gradients/fc1.weight'"
+    if isinstance(spec, str):
+        try:
+            return re.compile(spec).search
+        except re.error:
+            raise expected("heatmap_tensors", what, spec) from None
+    if isinstance(spec, Iterable):
+        names = frozenset(spec)
+        if all(isinstance(n, str) and n for n in names):
+            return names.__contains__
+    raise expected("heatmap_tensors", what, spec)
+
+
+# ---------------------------------------------------------------------- the heatmap chart spec
+
+
+def heatmap_spec() -> dict[str, Any]:
+    """The Vega-Lite spec of the histogram-over-time heatmap (``wandb_heatmap_spec.json``)."""
+    with open(HEATMAP_SPEC_PATH, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def install_heatmap_chart(entity: str, name: str = HEATMAP_CHART_NAME, access: str = "private") -> str:
+    """Install the heatmap spec on the W&B server as a custom chart; returns its id.
+
+    >>> install_heatmap_chart("my-team")     # doctest: +SKIP
+    'my-team/tensorlens/histogram-heatmap'
+    """
+    if not isinstance(entity, str) or not entity:
+        raise expected("entity", "a W&B entity (user or team name)", entity)
+    if access not in ("private", "public"):
+        raise expected("access", "'private' or 'public'", access)
+    wandb = import_wandb()
+    return wandb.Api().create_custom_chart(
+        entity=entity,
+        name=name,
+        display_name="tensorlens: histogram over steps",
+        spec_type="vega2",
+        access=access,
+        spec=heatmap_spec(),
+    )
+
+
+def install_chart_command(
+    entity: str | None, name: str = HEATMAP_CHART_NAME, access: str = "private", print_spec: bool = False
+) -> int:
+    """``tensorlens wandb-install-chart``: install the spec online, or say what to do offline."""
+    if print_spec:
+        print(json.dumps(heatmap_spec(), indent=2))
+        return 0
+    if not entity:
+        print("tensorlens wandb-install-chart: --entity is required (the W&B user or team that owns the chart)",
+              file=sys.stderr)
+        return 2
+    offline = os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun", "disabled")
+    steps_offline = (
+        "Offline there is no server to install it on. Runs logged offline keep their heatmap tables; to see\n"
+        "them as heatmaps, run this command once where W&B is online (the chart is per entity, not per run),\n"
+        f"or paste the spec (`tensorlens wandb-install-chart --print-spec`, file {HEATMAP_SPEC_PATH})\n"
+        "into the custom chart editor of the W&B UI and save it under the name above."
+    )
+    if offline:
+        print(f"WANDB_MODE={os.environ.get('WANDB_MODE')}: the chart {entity}/{name} was not installed.\n{steps_offline}")
+        return 1
+    try:
+        chart_id = install_heatmap_chart(entity, name, access)
+    except Exception as err:
+        print(f"Could not install the chart {entity}/{name}: {type(err).__name__}: {err}\n{steps_offline}")
+        return 1
+    print(f"Installed the custom chart {chart_id!r}. Log heatmaps into it with\n"
+          f"    WandbBackend(heatmap_tensors=r'^gradients/', heatmap_chart={chart_id!r})")
+    return 0
