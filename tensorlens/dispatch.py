@@ -38,6 +38,7 @@ class _Channel:
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max_pending)
         self._warned = False
         self._opened = False
+        self._stalled = False
         self._thread = threading.Thread(target=self._loop, name=f"tensorlens-{backend.name}", daemon=True)
         self._thread.start()
 
@@ -88,7 +89,7 @@ class _Channel:
                     if not self._call(lambda: self.backend.open(self._run), "open()"):
                         self.backend = _Failed(self.backend)
                 record = _for_backend(item, self.backend)
-                if self._call(lambda: self.backend.write(record), "write()"):
+                if self._call(lambda record=record: self.backend.write(record), "write()"):
                     self.stats.written += 1
                 else:
                     self.stats.failed += 1
@@ -97,11 +98,21 @@ class _Channel:
 
     def flush(self, timeout: float | None) -> bool:
         done = threading.Event()
-        self._queue.put(done)
-        return done.wait(timeout)
+        try:  # a stalled backend's queue stays full: never wait on it longer than asked
+            self._queue.put(done, timeout=timeout)
+        except queue.Full:
+            self._stalled = True
+            return False
+        self._stalled = not done.wait(timeout)
+        return not self._stalled
 
     def close(self, timeout: float | None) -> None:
-        self._queue.put(_STOP)
+        if self._stalled:  # it just failed to flush within the timeout: do not wait for it twice
+            timeout = 0.0
+        try:
+            self._queue.put(_STOP, timeout=timeout)
+        except queue.Full:
+            return  # still stalled: leave its daemon thread behind rather than hang the caller
         self._thread.join(timeout)
 
 
@@ -179,7 +190,8 @@ class Dispatcher:
         self._queue.put(done)
         if not done.wait(timeout):
             return False
-        return all(c.flush(timeout) for c in self._channels)
+        # every channel gets its flush, even after one timed out (no short-circuit)
+        return all([c.flush(timeout) for c in self._channels])
 
     def close(self, timeout: float | None = 60.0) -> None:
         if self._closed:

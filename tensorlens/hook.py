@@ -155,6 +155,11 @@ class Hook:
         self.run_dir = os.path.abspath(os.fspath(out_dir)) if out_dir is not None else os.path.abspath(
             os.path.join(DEFAULT_RUNS_DIR, self.run_name)
         )
+        if self.world_size > 1 and include_workers == "all":
+            from tensorlens.distributed import broadcast_run
+
+            # every rank's file in one folder: a default run name holds a time and a random id
+            self.run_name, self.run_dir = broadcast_run(self.run_name, self.run_dir)
         self._backends = self._resolve_backends(backends)
         run = RunInfo(self.run_name, self.run_dir, self.rank, self.world_size, {"include_workers": include_workers})
         self._dispatcher = Dispatcher(self._backends, run, max_pending=max_pending_steps)
@@ -218,7 +223,7 @@ class Hook:
         backends = [create_backend(s) for s in spec]
         if not any(b.name == "local" for b in backends):
             backends.insert(0, create_backend("local"))
-        if self.rank != 0 and self.include_workers != "all":
+        if self.rank != 0:  # trackers are rank 0's in every mode; "all" gives each rank its local store
             backends = [b for b in backends if not b.main_process_only]
         return backends
 
@@ -264,6 +269,7 @@ class Hook:
             raise expected("module", "a torch.nn.Module", module)
         if name is not None and (not isinstance(name, str) or not re.fullmatch(r"[\w.\-]+", name)):
             raise expected("name", "None or a name of letters, digits, '_', '.' and '-'", name)
+        module, hooked = _watch_targets(module)
         if any(m is module for _, m in self._roots):
             return self
         prefix = name or ""
@@ -273,8 +279,8 @@ class Hook:
                 "so the tensors of the two models get distinct names"
             )
         self._roots.append((prefix, module))
-        self._root_handles.append(module.register_forward_pre_hook(self._weak(Hook._root_forward_pre)))
-        self._root_handles.append(module.register_forward_hook(self._weak(Hook._root_forward_post)))
+        self._root_handles.append(hooked.register_forward_pre_hook(self._weak(Hook._root_forward_pre)))
+        self._root_handles.append(hooked.register_forward_hook(self._weak(Hook._root_forward_post)))
         return self
 
     def register_loss(self, loss_module: nn.Module, name: str | None = None) -> Hook:
@@ -339,6 +345,8 @@ class Hook:
 
     def _saving(self, mode: ModeKeys, mode_step: int) -> frozenset[str]:
         """Names of the enabled collections that save this (mode, mode step)."""
+        if self.world_size > 1 and self.include_workers == "one" and self.rank != 0:
+            return frozenset()  # "one": ranks other than 0 capture and compute nothing
         cache = self._saving_cache
         if cache is not None and cache[0] == mode and cache[1] == mode_step:
             return cache[2]
@@ -354,7 +362,9 @@ class Hook:
     def _collections_for(self, kind: str, name: str, saving: frozenset[str]) -> list[Collection]:
         return [c for n in saving if (c := self._collections[n]).matches(kind, name)]
 
-    def _job(self, collection: Collection, kind: str, name: str, pieces: list[torch.Tensor]) -> TensorJob:
+    def _job(
+        self, collection: Collection, kind: str, name: str, pieces: list[torch.Tensor], partitioned: bool = True
+    ) -> TensorJob:
         reduction = collection.reduction_config or self.reduction_config or (
             DEFAULT_ACTIVATION_REDUCTIONS if kind == "activations" else DEFAULT_REDUCTIONS
         )
@@ -366,6 +376,7 @@ class Hook:
             save_raw=reduction.save_raw_tensor,
             save_shape=reduction.save_shape,
             plain_scalar=kind in SCALAR_KINDS,
+            partitioned=partitioned,
         )
 
     def _current_mode(self, module: nn.Module) -> ModeKeys:
@@ -377,6 +388,10 @@ class Hook:
 
     @_guarded
     def _root_forward_pre(self, module: nn.Module, args: Any) -> None:
+        if _compiling():
+            # traced by torch.compile (the root was compiled after it was watched): reading the
+            # step counters here would guard the graph on them and recompile it every step
+            return
         self._forward_depth += 1
         if self._forward_depth > 1 or not self._step_on_forward:
             return
@@ -395,6 +410,8 @@ class Hook:
 
     @_guarded
     def _root_forward_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        if _compiling():
+            return
         self._forward_depth = max(0, self._forward_depth - 1)
 
     def _attach_capture(self, collections: list[Collection]) -> None:
@@ -419,14 +436,20 @@ class Hook:
 
     @_guarded
     def _loss_output(self, name: str, output: Any) -> None:
-        if not isinstance(output, torch.Tensor) or "losses" not in self._saving(self._mode, self._mode_steps[self._mode]):
+        if not isinstance(output, torch.Tensor):
+            return
+        # traced by torch.compile: keep the value whatever the step (the step boundary drops it on
+        # unsaved steps); reading the step counters here would recompile the graph every step
+        if not _compiling() and "losses" not in self._saving(self._mode, self._mode_steps[self._mode]):
             return
         value = output.detach()
         self._pending_scalars[("losses", name)].append(value.float().mean() if value.numel() != 1 else value.reshape(()).clone())
 
     def _summary(self, name: str, value: Any, is_tensor: bool) -> None:
         try:
-            if "summaries" not in self._saving(self._mode, self._mode_steps[self._mode]):
+            # traced by torch.compile: keep the value (dropped at the boundary of an unsaved step)
+            # rather than read the step counters, which would recompile the graph every step
+            if not _compiling() and "summaries" not in self._saving(self._mode, self._mode_steps[self._mode]):
                 return
             if is_tensor:
                 if not isinstance(value, torch.Tensor):
@@ -523,10 +546,10 @@ class Hook:
         saving = self._saving(mode, self._mode_steps[mode])
         jobs = self._parameter_jobs(saving) + self._pending_jobs(saving)
         host_scalars = self._optimizer_scalars(optimizer, saving)
-        self._pre_step = (self._engine.compute(jobs, self._reducer), host_scalars)
+        self._pre_step = (self._compute(jobs, saving), host_scalars)
         if any(set(self._collections[n].kinds) & {"updates"} for n in saving):
             self._update_snapshot = [
-                (name, p, _local(p).detach().clone()) for name, p in self._parameters()
+                (name, p, _piece(p)[0].detach().clone()) for name, p in self._parameters()
                 if self._collections_for("updates", name, saving)
             ]
 
@@ -536,13 +559,15 @@ class Hook:
         if not param_collections:
             return jobs
         for name, param in self._parameters():
-            local = _local(param)
+            # DDP: replicated, taken as they are; FSDP2: this rank's shard, merged across ranks
+            local, sharded = _piece(param)
             for c in self._collections_for(parameter_kind(name), name, saving):
-                jobs.append(self._job(c, parameter_kind(name), name, [local]))
+                jobs.append(self._job(c, parameter_kind(name), name, [local], partitioned=sharded))
             grad = param.grad
             if grad is not None:
+                local_grad, grad_sharded = _piece(grad)
                 for c in self._collections_for("gradients", name, saving):
-                    jobs.append(self._job(c, "gradients", name, [_local(grad)]))
+                    jobs.append(self._job(c, "gradients", name, [local_grad], partitioned=grad_sharded))
         return jobs
 
     def _pending_jobs(self, saving: frozenset[str]) -> list[TensorJob]:
@@ -561,6 +586,9 @@ class Hook:
             device = tensors[0].device
             job = self._job(collection, kind, name, [t.to(device) for t in tensors])
             job.plain_scalar = True  # summarize_scalar / save_scalar / losses: the number itself
+            # across ranks losses and summaries are averaged; a save_scalar value is rank 0's, as it
+            # is on steps that save nothing else (those make no collective)
+            job.partitioned = kind != "scalars"
             jobs.append(job)
         jobs += self._explicit_jobs()
         self._pending.clear()
@@ -573,7 +601,8 @@ class Hook:
         for collection_name, name, tensor in self._explicit:
             collection = self._collections[collection_name]
             kind = collection.kinds[0] if collection.builtin else "summaries"
-            job = self._job(collection, kind, name, [tensor])
+            piece, sharded = _piece(tensor)  # a plain tensor is rank 0's, a sharded DTensor merged
+            job = self._job(collection, kind, name, [piece], partitioned=sharded)
             job.name = f"{collection_name}/{name}"
             jobs.append(job)
         self._explicit.clear()
@@ -604,20 +633,36 @@ class Hook:
         self._pre_step = None
         mode = self._mode
         parts = [host]
-        if self._update_snapshot or self._explicit:
-            saving = self._saving(mode, self._mode_steps[mode])
+        saving = self._saving(mode, self._mode_steps[mode])
+        # "reduce": on a saved step every rank computes, whatever it holds, so collectives match
+        if self._update_snapshot or self._explicit or (self._reducer is not None and saving):
             jobs = []
             for name, param, before in self._update_snapshot:
-                delta = _local(param).detach() - before
+                after, sharded = _piece(param)
+                delta = after.detach() - before
                 for c in self._collections_for("updates", name, saving):
-                    jobs.append(self._job(c, "updates", name, [delta]))
+                    jobs.append(self._job(c, "updates", name, [delta], partitioned=sharded))
             self._update_snapshot = []
             # save_tensor between prepare_step and step belongs to the step being closed
             # (Lightning: gradients after clipping, read once the optimizer has stepped)
             jobs += self._explicit_jobs()
-            parts.append(self._engine.compute(jobs, self._reducer))
+            parts.append(self._compute(jobs, saving))
         self._submit(mode, self._mode_steps[mode], parts, host_scalars)
         self._advance(mode)
+
+    def _compute(self, jobs: list[TensorJob], saving: frozenset[str]) -> HostStatistics:
+        """Statistics of one step's jobs; under ``include_workers="reduce"`` merged across ranks.
+
+        Collectives are made only on steps that save something: ``saving`` is the same on every
+        rank (all ranks count the same steps), so an unsaved step costs no communication and
+        every rank makes the same calls. The ranks first agree on the union of their jobs, so a
+        module called on one rank only, or a different number of times, cannot hang them.
+        """
+        reducer = self._reducer
+        if reducer is None or not saving or not getattr(reducer, "active", True):
+            return self._engine.compute(jobs, None)
+        agree = getattr(reducer, "agree_jobs", None)
+        return self._engine.compute(agree(jobs) if agree is not None else jobs, reducer)
 
     def _advance(self, mode: ModeKeys) -> None:
         self.global_step += 1
@@ -633,16 +678,16 @@ class Hook:
             return
         saving = self._saving(mode, self._mode_steps[mode])
         jobs = self._pending_jobs(saving)
-        if jobs:
-            self._submit(mode, self._mode_steps[mode], [self._engine.compute(jobs, self._reducer)], [])
+        if jobs or (self._reducer is not None and saving):  # "reduce": every rank, for the collectives
+            self._submit(mode, self._mode_steps[mode], [self._compute(jobs, saving)], [])
         self._mode_steps[mode] += 1
         self._capture.detach()
 
     def _submit(self, mode: ModeKeys, mode_step: int, parts: list[HostStatistics], host_scalars: list[ScalarEntry]) -> None:
         if not any(p.jobs for p in parts) and not host_scalars:
             return
-        if self.world_size > 1 and self.include_workers == "one" and self.rank != 0:
-            return
+        if self.world_size > 1 and self.include_workers != "all" and self.rank != 0:
+            return  # "reduce": every rank holds the same merged statistics, rank 0 records them
         step, worker, wall_time = self.global_step, self.worker, time.time()
 
         def make_record() -> StepRecord:
@@ -693,7 +738,9 @@ class Hook:
                 mode = self._mode
                 jobs = self._pending_jobs(self._saving(mode, self._mode_steps[mode]))
                 if jobs:
-                    self._submit(mode, self._mode_steps[mode], [self._engine.compute(jobs, self._reducer)], [])
+                    # no collectives here: close() may run on one rank only, or after the process
+                    # group is gone; values saved after the last step are this rank's own
+                    self._submit(mode, self._mode_steps[mode], [self._engine.compute(jobs, None)], [])
         except Exception as err:
             self._warn_once(f"close: {type(err).__name__}: {err}")
         self._closed = True
@@ -734,8 +781,41 @@ def _names_list(name: str, value: Iterable[str]) -> list[str]:
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a DTensor (FSDP2), the tensor itself otherwise."""
-    to_local = getattr(tensor, "to_local", None)
-    return to_local() if callable(to_local) else tensor
+    return _piece(tensor)[0]
+
+
+def _piece(tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """``(what this rank contributes, partitioned)``; see :func:`tensorlens.distributed.local_piece`."""
+    if not hasattr(tensor, "placements"):  # not a DTensor: skip importing torch.distributed.tensor
+        return tensor, False
+    from tensorlens.distributed import local_piece
+
+    return local_piece(tensor)
+
+
+def _watch_targets(module: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """``(module whose names are recorded, module that carries the root hooks)``.
+
+    Wrappers are looked through so names stay those of the model (no ``module.`` or
+    ``_orig_mod.`` prefix). DDP calls its inner module, so the hooks go there; a module compiled
+    with ``torch.compile(model)`` keeps them on the wrapper, whose hooks run outside the compiled
+    graph (no guard on tensorlens' counters, no recompilation).
+    """
+    inner = module
+    while True:
+        if type(inner).__name__ == "OptimizedModule" and isinstance(getattr(inner, "_orig_mod", None), nn.Module):
+            inner = inner._orig_mod
+        elif isinstance(inner, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            inner = inner.module
+        else:
+            break
+    return inner, module if type(module).__name__ == "OptimizedModule" else inner
+
+
+def _compiling() -> bool:
+    """Whether ``torch.compile`` is tracing the caller (``torch.compiler.is_compiling``, torch >= 2.3)."""
+    check = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return bool(check()) if check is not None else False
 
 
 def _distributed_rank() -> tuple[int, int]:

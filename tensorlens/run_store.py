@@ -14,6 +14,7 @@ import json
 import os
 import re
 import sqlite3
+
 import numpy as np
 
 from tensorlens.records import StepRecord

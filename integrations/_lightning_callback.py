@@ -1,0 +1,505 @@
+"""The Lightning callback, written once for both namespaces.
+
+``lightning.pytorch`` and the standalone ``pytorch_lightning`` ship the same Trainer under two
+package names, and a Trainer rejects callbacks of the other namespace. So the logic lives here in
+:class:`TensorLensCallbackBase`, which imports no Lightning package: it reads every Lightning
+class it needs from ``_namespace``, the namespace module. :mod:`tensorlens.integrations.lightning`
+and :mod:`tensorlens.integrations.pytorch_lightning` each combine it with their namespace's
+``Callback``::
+
+    class TensorLensCallback(TensorLensCallbackBase, lightning.pytorch.Callback):
+        _namespace = lightning.pytorch
+
+The callback is a thin shell over :class:`tensorlens.Hook`: it marks step boundaries and modes,
+and picks backends from the trainer's loggers. No statistic is computed here.
+
+Step boundaries (Lightning runs ``training_step`` and ``backward`` inside the closure passed to
+``optimizer.step``, i.e. after torch's optimizer step pre-hooks fire, so the hook's automatic
+optimizer hooks would read gradients too early; the hook is created with ``auto_step=False``):
+
+- ``on_train_batch_start``: ``hook.begin_step()`` attaches activation hooks on saved steps (every
+  micro-batch, so accumulated activations are all captured);
+- ``on_before_optimizer_step``: ``hook.prepare_step(optimizer)`` reads weights and gradients, which
+  are accumulated over micro-batches and unscaled by AMP there, and not yet clipped;
+- ``on_train_batch_end``, when ``trainer.global_step`` advanced: optionally the clipped gradients
+  (still in ``.grad``: ``zero_grad`` runs at the start of the next step), then ``hook.step()``.
+- validation / test (mode ``eval``) and predict (mode ``predict``): one mode step per batch,
+  ``begin_step()`` in ``on_*_batch_start`` and ``end_step()`` in ``on_*_batch_end``. Sanity-check
+  batches are not recorded (Lightning's loggers skip them too).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import warnings
+from collections.abc import Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from tensorlens import summaries
+from tensorlens.backends.base import Backend, registered_backends
+from tensorlens.collection import DEFAULT_KINDS
+from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig, expected
+from tensorlens.hook import DEFAULT_RUNS_DIR, WORKER_MODES, Hook, _default_run_name
+from tensorlens.modes import ModeKeys
+from tensorlens.run_store import safe_run_name
+
+if TYPE_CHECKING:
+    from torch import nn
+
+log = logging.getLogger(__name__)
+
+#: ``backends="loggers"``: one backend per logger of the trainer that tensorlens can write to.
+LOGGERS = "loggers"
+#: The collection that ``record_clipped_gradients=True`` writes: ``gradients_clipped/<param>/<stat>``.
+CLIPPED_GRADIENTS = "gradients_clipped"
+#: The folder, inside a logger's ``log_dir``, that holds the local run store.
+STORE_FOLDER = "tensorlens"
+
+_STAGE_MODES = {"validate": ModeKeys.EVAL, "test": ModeKeys.EVAL, "predict": ModeKeys.PREDICT}
+
+
+class TensorLensCallbackBase:
+    """Records exact statistics of a LightningModule's tensors while a Lightning Trainer runs.
+
+    Use :class:`tensorlens.integrations.lightning.TensorLensCallback` (``lightning.pytorch``) or
+    :class:`tensorlens.integrations.pytorch_lightning.TensorLensCallback` (``pytorch_lightning``),
+    matching the namespace your ``Trainer`` comes from.
+
+    >>> trainer = Trainer(callbacks=[TensorLensCallback(save_interval=50)], logger=WandbLogger())  # doctest: +SKIP
+
+    Args:
+        save_interval: record every ``save_interval``-th optimizer step (``trainer.global_step``),
+            and every ``save_interval``-th validation/test/predict batch.
+        collections: collection names to record (as in :func:`tensorlens.watch`); default
+            ``weights biases gradients losses summaries scalars`` (+ ``activations``).
+        activations: also record module outputs (hooks attached on saved steps only).
+        histograms: ``True`` (64 bins), ``False``, or a :class:`tensorlens.HistogramConfig`.
+        reductions: a :class:`tensorlens.ReductionConfig`; default ``min max mean std l2``.
+        include_workers: under DDP: ``"reduce"`` (statistics merged across ranks), ``"one"``
+            (rank 0's only) or ``"all"`` (every rank on its own, each to its local store file).
+        record_clipped_gradients: also record the gradients after Lightning's gradient clipping,
+            as the collection ``gradients_clipped`` (``gradients`` are read before clipping).
+        backends: ``"loggers"``: write to the trainer's loggers (W&B, MLflow, TensorBoard; the
+            CSV logger and unknown loggers get nothing) plus the local store. Or a list of
+            backend names, ``Backend`` classes or instances, which may contain ``"loggers"``.
+            The local run store is always written.
+        out_dir: the run store folder. Default: ``<logger.log_dir>/tensorlens`` for loggers with a
+            ``log_dir`` (TensorBoard, CSV), else
+            ``<trainer.default_root_dir>/tensorlens_runs/<logger name>-<logger version>``, else
+            ``<trainer.default_root_dir>/tensorlens_runs/<time>-<id>``.
+        save_config: a :class:`tensorlens.SaveConfig`, instead of ``save_interval``.
+        include_regex: extra parameter/module name patterns, recorded as the ``custom`` collection.
+        run_name: the run's name in the store (default: derived from the logger).
+
+    Unsupported (fails in ``setup``/``on_fit_start`` with a message): more than one optimizer,
+    and the DeepSpeed and FSDP (v1) strategies, whose gradients are not in ``param.grad``.
+    """
+
+    #: The Lightning namespace module (``lightning.pytorch`` or ``pytorch_lightning``).
+    _namespace: ClassVar[ModuleType]
+    #: The ``pip install`` extra for this namespace, named in messages.
+    _extra: ClassVar[str]
+
+    def __init__(
+        self,
+        save_interval: int = 100,
+        collections: Sequence[str] | None = None,
+        activations: bool = False,
+        histograms: bool | HistogramConfig = True,
+        reductions: ReductionConfig | None = None,
+        include_workers: str = "reduce",
+        record_clipped_gradients: bool = False,
+        backends: str | Sequence[str | Backend | type[Backend]] = LOGGERS,
+        out_dir: str | os.PathLike[str] | None = None,
+        save_config: SaveConfig | None = None,
+        include_regex: Sequence[str] | str | None = None,
+        run_name: str | None = None,
+    ) -> None:
+        super().__init__()
+        # Eager checks: a typo fails when the callback is built, not minutes into training.
+        if save_config is None:
+            save_config = SaveConfig(save_interval=save_interval)  # validates save_interval
+        elif not isinstance(save_config, SaveConfig):
+            raise expected("save_config", "None or a tl.SaveConfig", save_config)
+        if collections is not None:
+            if isinstance(collections, str) or not isinstance(collections, Sequence) or not all(
+                isinstance(c, str) for c in collections
+            ):
+                raise expected("collections", "None or a list of collection names", collections)
+        if not isinstance(activations, bool):
+            raise expected("activations", "a bool", activations)
+        if isinstance(histograms, bool):
+            histogram_config = HistogramConfig() if histograms else HistogramConfig(bins=0)
+        elif isinstance(histograms, HistogramConfig):
+            histogram_config = histograms
+        else:
+            raise expected("histograms", "a bool or a tl.HistogramConfig", histograms)
+        if reductions is not None and not isinstance(reductions, ReductionConfig):
+            raise expected("reductions", "None or a tl.ReductionConfig", reductions)
+        if include_workers not in WORKER_MODES:
+            raise expected("include_workers", f"one of {list(WORKER_MODES)}", include_workers)
+        if not isinstance(record_clipped_gradients, bool):
+            raise expected("record_clipped_gradients", "a bool", record_clipped_gradients)
+        backend_specs = _check_backends(backends)
+        if out_dir is not None and not isinstance(out_dir, (str, os.PathLike)):
+            raise expected("out_dir", "None or a path", out_dir)
+        if include_regex is not None and not (
+            isinstance(include_regex, str)
+            or (isinstance(include_regex, Sequence) and all(isinstance(r, str) for r in include_regex))
+        ):
+            raise expected("include_regex", "None, a regex or a list of regexes", include_regex)
+        if run_name is not None and not isinstance(run_name, str):
+            raise expected("run_name", "None or a string", run_name)
+
+        names = list(DEFAULT_KINDS) if collections is None else list(collections)
+        if activations and "activations" not in names:
+            names.append("activations")
+        self.save_config = save_config
+        self.collections = names
+        self.histogram_config = histogram_config
+        self.reductions = reductions
+        self.include_workers = include_workers
+        self.record_clipped_gradients = record_clipped_gradients
+        self.backends = backend_specs
+        self.out_dir = out_dir
+        self.include_regex = include_regex
+        self.run_name = run_name
+
+        #: The :class:`tensorlens.Hook` of the current run, or of the last one once it has ended.
+        self.hook: Hook | None = None
+        # eval/predict step counters survive from one stage to the next (fit, then test) and
+        # through checkpoints, so records of a later stage never overwrite earlier ones
+        self._mode_steps: dict[str, int] = {}
+        self._prepared = False  # prepare_step ran for the current train step
+        self._warned: set[str] = set()
+
+    # ------------------------------------------------------------------ Lightning hooks: lifecycle
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Create the hook: check the configuration, choose the run folder and the backends."""
+        self._check_strategy(trainer)
+        if self.hook is not None and not self.hook.closed:
+            self._close()  # a previous stage that ended without teardown
+        run_dir, run_name = self._run_location(trainer)
+        backends: list[str | Backend | type[Backend]] = []
+        for spec in self.backends:
+            if spec == LOGGERS:
+                # loggers on ranks > 0 are dummies: only rank 0 writes to trackers
+                backends += self._logger_backends(trainer) if trainer.is_global_zero else []
+            else:
+                backends.append(spec)
+        hook = Hook(
+            out_dir=run_dir,
+            save_config=self.save_config,
+            reduction_config=self.reductions,
+            histogram_config=self.histogram_config,
+            include_collections=self.collections,
+            include_regex=self.include_regex,
+            backends=backends or ["local"],
+            run_name=run_name,
+            include_workers=self.include_workers,
+            auto_step=False,
+            step_on_forward=False,
+        )
+        try:
+            hook.register_module(pl_module)
+            # stage is a str enum ("fit", "validate", ...) whose str() is "TrainerFn.FITTING": use its value
+            hook.set_mode(_STAGE_MODES.get(getattr(stage, "value", stage), ModeKeys.TRAIN))
+            hook.set_step(trainer.global_step, self._mode_steps)
+        except Exception:
+            hook.close()
+            raise
+        self.hook = hook
+        self._prepared = False
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        """Check what only exists once the strategy is set up: the optimizers."""
+        optimizers = trainer.optimizers
+        if len(optimizers) > 1:
+            raise RuntimeError(
+                f"{type(self).__name__} supports one optimizer, but the LightningModule configured "
+                f"{len(optimizers)}: with several, no single optimizer step marks the end of a training step. "
+                "Watch each sub-model with its own tl.watch(...) instead, which steps on its optimizer."
+            )
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        # global_step is restored from a checkpoint after on_fit_start, before this hook
+        self._sync(trainer, ModeKeys.TRAIN)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Flush and close the hook before Lightning finalizes its loggers."""
+        self._close()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        # Lightning skips teardown after an exception: keep what was recorded up to now
+        self._close()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The eval/predict step counters, so a resumed run continues them."""
+        if self.hook is not None and not self.hook.closed:
+            self._remember_mode_steps(self.hook)
+        return {"mode_steps": dict(self._mode_steps)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._mode_steps = {str(k): int(v) for k, v in state_dict.get("mode_steps", {}).items()}
+        if self.hook is not None and not self.hook.closed:
+            self.hook.set_step(self.hook.global_step, self._mode_steps)
+
+    # ------------------------------------------------------------------ Lightning hooks: training
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        hook = self._live_hook()
+        if hook is None:
+            return
+        if hook.global_step != trainer.global_step:
+            self._sync(trainer, ModeKeys.TRAIN)
+        hook.begin_step()
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: torch.optim.Optimizer) -> None:
+        hook = self._live_hook()
+        if hook is None:
+            return
+        if self._prepared:
+            # manual optimization stepping twice in one batch: the first call marks the step
+            self._warn_once(
+                "several-steps",
+                "optimizer.step() ran more than once in one training batch; statistics are recorded "
+                "for the first step of each batch only",
+            )
+            return
+        self._prepared = True
+        hook.prepare_step(optimizer)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        hook = self._live_hook()
+        if hook is None or trainer.global_step == hook.global_step:
+            return  # accumulating: no optimizer step in this batch
+        if self.record_clipped_gradients and self._prepared and hook.will_save("gradients"):
+            self._save_clipped_gradients(hook, pl_module)
+        hook.step()
+        self._prepared = False
+        if hook.global_step != trainer.global_step:
+            self._sync(trainer, ModeKeys.TRAIN)
+
+    def _save_clipped_gradients(self, hook: Hook, pl_module: nn.Module) -> None:
+        """Gradients as the optimizer used them, after clipping (``.grad`` lives until the next
+        ``zero_grad``), in the record of the step being closed."""
+        gradients = hook.collections["gradients"]
+        seen: set[int] = set()
+        for name, param in pl_module.named_parameters():
+            if id(param) in seen or param.grad is None or not gradients.matches("gradients", name):
+                continue
+            seen.add(id(param))
+            # an FSDP2 gradient stays a DTensor: the hook merges its shards across ranks, while a
+            # plain (DDP, all-reduced) gradient is the same everywhere and taken from rank 0
+            hook.save_tensor(name, param.grad, CLIPPED_GRADIENTS)
+
+    # ------------------------------------------------------------------ Lightning hooks: evaluation
+
+    def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
+        # sanity batches are not recorded: keep tl.summarize_* calls in forward from landing in step 0
+        if self._live_hook() is not None:
+            summaries.deactivate(self.hook)  # type: ignore[arg-type]
+
+    def on_sanity_check_end(self, trainer: Any, pl_module: Any) -> None:
+        if self._live_hook() is not None:
+            summaries.activate(self.hook)  # type: ignore[arg-type]
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._start_mode(trainer, ModeKeys.EVAL)
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self._end_mode(trainer)
+
+    def on_validation_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._begin_batch(trainer)
+
+    def on_validation_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._end_batch(trainer)
+
+    def on_test_start(self, trainer: Any, pl_module: Any) -> None:
+        self._start_mode(trainer, ModeKeys.EVAL)
+
+    def on_test_end(self, trainer: Any, pl_module: Any) -> None:
+        self._end_mode(trainer)
+
+    def on_test_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._begin_batch(trainer)
+
+    def on_test_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._end_batch(trainer)
+
+    def on_predict_start(self, trainer: Any, pl_module: Any) -> None:
+        self._start_mode(trainer, ModeKeys.PREDICT)
+
+    def on_predict_end(self, trainer: Any, pl_module: Any) -> None:
+        self._end_mode(trainer)
+
+    def on_predict_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._begin_batch(trainer)
+
+    def on_predict_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._end_batch(trainer)
+
+    def _start_mode(self, trainer: Any, mode: ModeKeys) -> None:
+        hook = self._live_hook()
+        if hook is None or trainer.sanity_checking:
+            return
+        self._sync(trainer, mode)
+
+    def _end_mode(self, trainer: Any) -> None:
+        hook = self._live_hook()
+        if hook is None or trainer.sanity_checking:
+            return
+        hook.end_step()
+        # back to train when validation ran inside fit; a test/predict stage ends with teardown
+        if getattr(trainer.state, "fn", None) == "fit":
+            hook.set_mode(ModeKeys.TRAIN)
+
+    def _begin_batch(self, trainer: Any) -> None:
+        hook = self._live_hook()
+        if hook is not None and not trainer.sanity_checking:
+            hook.begin_step()
+
+    def _end_batch(self, trainer: Any) -> None:
+        hook = self._live_hook()
+        if hook is not None and not trainer.sanity_checking:
+            hook.end_step()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _live_hook(self) -> Hook | None:
+        hook = self.hook
+        return hook if hook is not None and not hook.closed else None
+
+    def _sync(self, trainer: Any, mode: ModeKeys) -> None:
+        """Set the mode and make ``hook.global_step`` equal ``trainer.global_step``."""
+        hook = self._live_hook()
+        if hook is None:
+            return
+        hook.set_mode(mode)
+        if hook.global_step != trainer.global_step:
+            hook.set_step(trainer.global_step)
+
+    def _remember_mode_steps(self, hook: Hook) -> None:
+        for mode in (ModeKeys.EVAL, ModeKeys.PREDICT):
+            self._mode_steps[str(mode)] = hook.mode_step(mode)
+
+    def _close(self) -> None:
+        hook = self.hook
+        if hook is None or hook.closed:
+            return
+        self._remember_mode_steps(hook)
+        hook.close()
+        self._prepared = False
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(f"tensorlens: {message}", stacklevel=3)
+
+    def _module(self, name: str) -> ModuleType:
+        """A submodule of the namespace (``loggers``, ``strategies``), imported on first use."""
+        return importlib.import_module(f"{self._namespace.__name__}.{name}")
+
+    def _check_strategy(self, trainer: Any) -> None:
+        strategies = self._module("strategies")
+        strategy = trainer.strategy
+        for class_name, why in (
+            ("DeepSpeedStrategy", "DeepSpeed keeps gradients inside its engine, not in param.grad"),
+            ("FSDPStrategy", "FSDP (v1) flattens parameters and their gradients"),
+        ):
+            cls = getattr(strategies, class_name, None)
+            if cls is not None and isinstance(strategy, cls):
+                raise RuntimeError(
+                    f"{type(self).__name__} does not support {class_name}: {why}. "
+                    "Use strategy='ddp' (or ModelParallelStrategy, whose FSDP2 shards tensorlens reads)."
+                )
+
+    def _run_location(self, trainer: Any) -> tuple[str, str]:
+        """The run folder and name: decided on rank 0 and broadcast, so every rank of a DDP run
+        writes into the same folder even where a logger's version differs or is unknown."""
+        location = None
+        if trainer.is_global_zero:
+            location = self._local_run_location(trainer)
+        location = trainer.strategy.broadcast(location, src=0)
+        return location
+
+    def _local_run_location(self, trainer: Any) -> tuple[str, str]:
+        loggers = list(trainer.loggers)
+        logger = loggers[0] if loggers else None
+        name = self.run_name
+        if name is None and logger is not None:
+            name = "-".join(str(p) for p in (logger.name, logger.version) if p not in (None, ""))
+        name = safe_run_name(name or _default_run_name())
+        if self.out_dir is not None:
+            return os.path.abspath(os.fspath(self.out_dir)), name
+        for candidate in loggers:
+            log_dir = getattr(candidate, "log_dir", None)
+            if isinstance(log_dir, str) and log_dir:
+                return os.path.abspath(os.path.join(log_dir, STORE_FOLDER)), name
+        return os.path.abspath(os.path.join(trainer.default_root_dir, DEFAULT_RUNS_DIR, name)), name
+
+    def _logger_backends(self, trainer: Any) -> list[Backend]:
+        """One backend per logger, sharing the logger's own run (``logger.experiment``)."""
+        loggers = self._module("loggers")
+        out: list[Backend] = []
+        for logger in trainer.loggers:
+            if isinstance(logger, loggers.WandbLogger):
+                from tensorlens.integrations.wandb import WandbBackend
+
+                # WandbLogger makes trainer/global_step the x-axis of every metric: log it with ours
+                out.append(WandbBackend(run=logger.experiment, extra_step_keys=("trainer/global_step",)))
+            elif isinstance(logger, loggers.MLFlowLogger):
+                from tensorlens.integrations.mlflow import MLflowBackend
+
+                out.append(MLflowBackend(client=logger.experiment, run_id=logger.run_id))
+            elif isinstance(logger, loggers.TensorBoardLogger):
+                from tensorlens.integrations.tensorboard import TensorBoardBackend
+
+                out.append(TensorBoardBackend(writer=logger.experiment))
+            elif isinstance(logger, loggers.CSVLogger):
+                log.info("tensorlens: CSVLogger gets no statistics; they are in the local run store")
+            else:
+                self._warn_once(
+                    f"logger-{type(logger).__name__}",
+                    f"no tensorlens backend for {type(logger).__name__}; statistics go to the local run store "
+                    "only (pass backends=[..., MyBackend()] to add one)",
+                )
+        return out
+
+
+def _check_backends(backends: Any) -> list[str | Backend | type[Backend]]:
+    what = f'"{LOGGERS}" or a list of "{LOGGERS}", backend names, Backend classes or instances'
+    specs = [backends] if isinstance(backends, str) else backends
+    if not isinstance(specs, Sequence):
+        raise expected("backends", what, backends)
+    out = []
+    for spec in specs:
+        if isinstance(spec, str):
+            if spec != LOGGERS and spec not in registered_backends():
+                raise expected("backends", f"{what} (names: {registered_backends()})", backends)
+        elif not (isinstance(spec, Backend) or (isinstance(spec, type) and issubclass(spec, Backend))):
+            raise expected("backends", what, backends)
+        out.append(spec)
+    return out
+
+
+def missing_namespace(package: str, extra: str, err: ImportError) -> ImportError:
+    """The ImportError raised when the Lightning package for a namespace is not installed."""
+    message = (
+        f"tensorlens' Lightning callback for `{package}` needs the {package!r} package, which could not be "
+        f"imported ({err}). Install it with: pip install 'tensorlens[{extra}]'"
+    )
+    return ImportError(message)
