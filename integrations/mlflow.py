@@ -1,0 +1,634 @@
+"""The ``"mlflow"`` backend: statistics as MLflow metrics, histograms as quantiles and artifacts.
+
+What reaches the MLflow run (``prefix="tensorlens"``):
+
+- every scalar of a record as a metric ``tensorlens/<collection>/<tensor>/<stat>`` at
+  ``step=record.step`` (the global optimizer step) with the record's wall time; records of other
+  modes get a mode infix, ``tensorlens/eval/<collection>/<tensor>/<stat>``;
+- for every histogram, seven quantile metrics ``.../p01 p05 p25 p50 p75 p95 p99`` read off the
+  counts (linear interpolation within a bin, see :func:`histogram_quantiles`);
+- the histograms themselves as compact JSON artifacts, one file per ``histogram_every`` saved
+  steps holding every tensor (``tensorlens/histograms/<mode>/histograms-<first mode step>.json``);
+- at ``close()``, one PNG heatmap per tensor of its histogram over time
+  (``tensorlens/heatmaps/<mode>/<tensor>.png``), when matplotlib is installed.
+
+Metric keys are made acceptable to MLflow by :func:`mlflow_metric_key` and kept unique by
+:class:`MetricKeyMapper`. ``mlflow`` itself is imported only when a backend is created.
+
+>>> import mlflow, tensorlens as tl
+>>> with mlflow.start_run():                   # doctest: +SKIP
+...     hook = tl.watch(model)                 # backends="auto" adds MLflowBackend()
+...     train(model)
+...     hook.close()
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+import warnings
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from tensorlens.backends.base import Backend, RunInfo
+from tensorlens.config import expected
+from tensorlens.modes import ModeKeys
+from tensorlens.records import HistogramEntry, StepRecord
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+__all__ = [
+    "MAX_KEY_LENGTH",
+    "QUANTILES",
+    "MLflowBackend",
+    "MetricKeyMapper",
+    "histogram_quantiles",
+    "mlflow_metric_key",
+]
+
+#: Quantile metrics sent for every histogram: ``(metric suffix, level)``.
+QUANTILES: tuple[tuple[str, float], ...] = (
+    ("p01", 0.01), ("p05", 0.05), ("p25", 0.25), ("p50", 0.50), ("p75", 0.75), ("p95", 0.95), ("p99", 0.99),
+)
+#: MLflow rejects longer metric keys (``MAX_ENTITY_KEY_LENGTH``).
+MAX_KEY_LENGTH = 250
+#: MLflow's stores and REST API reject more metrics in one ``log_batch`` request.
+MAX_METRICS_PER_BATCH = 1000
+
+_HASH_LENGTH = 8
+# MLflow allows ``[/\w.\- :]`` but ``\w`` is Unicode and ``:`` is refused on Windows clients;
+# staying within ASCII and without ``:`` gives keys every client and server accepts.
+_DISALLOWED = re.compile(r"[^A-Za-z0-9_.\- /]")
+_INSTALL_HINT = "pip install 'tensorlens[mlflow]'"
+# Async mode: wait for the oldest batches once this many are in flight, so memory stays bounded
+# and failures surface while training runs instead of only at close().
+_MAX_PENDING_ASYNC = 32
+# Heatmaps keep at most this many columns per tensor (every other one is dropped when full).
+_HEATMAP_COLUMNS = 256
+_HEATMAP_ROWS = 100
+_HEATMAP_LOG_FLOOR = -4.0  # colours span fractions 1e-4 .. 1; smaller ones are drawn at the floor
+# close() draws heatmaps for at most this long: the dispatcher waits 60 s for a backend to close
+_HEATMAP_BUDGET_S = 30.0
+_PROBE_TIMEOUT_S = 10.0
+
+
+def _import_mlflow() -> Any:
+    try:
+        import mlflow
+    except ImportError as err:
+        raise ImportError(f"MLflowBackend needs the `mlflow` package: {_INSTALL_HINT}") from err
+    return mlflow
+
+
+# ---------------------------------------------------------------------------- metric keys
+
+
+def mlflow_metric_key(key: str) -> str:
+    """``key`` rewritten into a metric key MLflow accepts (length aside; see :class:`MetricKeyMapper`).
+
+    Characters outside ``A-Z a-z 0-9 _ . - / space`` become ``_``; empty path segments
+    (``a//b``, a leading or trailing ``/``) are dropped; segments made only of dots (``.``,
+    ``..``) become underscores, because MLflow refuses keys that ``posixpath.normpath`` changes;
+    so do the leading dots of a key that starts with ``..``. Valid keys come back unchanged.
+
+    >>> mlflow_metric_key("gradients/fc1.weight/l2")
+    'gradients/fc1.weight/l2'
+    >>> mlflow_metric_key("activations/layers[0]//out:x/")
+    'activations/layers_0_/out_x'
+    >>> mlflow_metric_key("../a/./b")
+    '__/a/_/b'
+    """
+    segments = []
+    for segment in _DISALLOWED.sub("_", key).split("/"):
+        if not segment:
+            continue
+        if segment.strip(".") == "":
+            segment = "_" * len(segment)
+        segments.append(segment)
+    cleaned = "/".join(segments) or "_"
+    if cleaned.startswith(".."):  # MLflow refuses any key starting with "..", even "..a"
+        dots = len(cleaned) - len(cleaned.lstrip("."))
+        cleaned = "_" * dots + cleaned[dots:]
+    return cleaned
+
+
+def _short_hash(identity: str, length: int = _HASH_LENGTH) -> str:
+    # sha1, not hash(): the suffix must be the same in every process and every run
+    return hashlib.sha1(identity.encode("utf-8")).hexdigest()[:length]
+
+
+class MetricKeyMapper:
+    """Maps original keys to valid, unique MLflow metric keys, remembering every decision.
+
+    A key keeps its cleaned form (:func:`mlflow_metric_key`) when that form is free and at most
+    250 characters. Otherwise it gets ``-<8 hex digits>`` of the SHA-1 of the original key
+    (the cleaned form cut short enough to fit first), so two distinct keys never share a metric.
+    The first key to claim a cleaned form keeps it; a later key that cleans to the same string is
+    the one that gets the hash. The same sequence of keys therefore always gives the same metrics.
+
+    ``identity`` (default: the key) tells keys apart: two identities are two metrics even when
+    their keys are equal strings.
+
+    >>> mapper = MetricKeyMapper()
+    >>> mapper("a[0]"), mapper("a_0_"), mapper("a[0]")
+    ('a_0_', 'a_0_-02d1cacd', 'a_0_')
+    """
+
+    def __init__(self) -> None:
+        self._by_identity: dict[str, str] = {}
+        self._owner: dict[str, str] = {}  # mapped key -> identity that holds it
+
+    def __call__(self, key: str, identity: str | None = None) -> str:
+        identity = key if identity is None else identity
+        mapped = self._by_identity.get(identity)
+        if mapped is not None:
+            return mapped
+        mapped = mlflow_metric_key(key)
+        length = _HASH_LENGTH
+        while len(mapped) > MAX_KEY_LENGTH or self._owner.get(mapped, identity) != identity:
+            # a longer hash if even the hashed form is taken (never expected in practice)
+            suffix = "-" + _short_hash(identity, length)
+            mapped = mlflow_metric_key(key)[: MAX_KEY_LENGTH - len(suffix)] + suffix
+            length += 4
+        self._owner[mapped] = identity
+        self._by_identity[identity] = mapped
+        return mapped
+
+    def __len__(self) -> int:
+        return len(self._by_identity)
+
+
+# ---------------------------------------------------------------------------- quantiles
+
+
+def histogram_quantiles(counts: np.ndarray, edges: np.ndarray, levels: Sequence[float]) -> np.ndarray | None:
+    """Quantiles of the binned values, interpolating linearly within a bin.
+
+    The ``q``-quantile is the value at which the cumulative count reaches ``q * counts.sum()``,
+    taking the values of each bin as spread evenly between its edges. ``None`` when nothing was
+    binned. Display values derived from the stored counts, not a statistic of the tensor.
+
+    >>> histogram_quantiles(np.array([1, 0, 3]), np.array([0.0, 1.0, 2.0, 3.0]), [0.25, 0.5])
+    array([1.        , 2.33333333])
+    """
+    counts = np.asarray(counts, dtype=np.float64)
+    edges = np.asarray(edges, dtype=np.float64)
+    total = counts.sum()
+    if counts.size == 0 or not total > 0:
+        return None
+    cumulative = np.cumsum(counts)
+    targets = np.asarray(levels, dtype=np.float64) * total
+    # the first bin whose cumulative count reaches the target; it is never empty when target > 0
+    index = np.minimum(np.searchsorted(cumulative, targets, side="left"), counts.size - 1)
+    before = cumulative[index] - counts[index]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fraction = np.where(counts[index] > 0, (targets - before) / counts[index], 0.0)
+    fraction = np.clip(fraction, 0.0, 1.0)
+    return edges[index] + fraction * (edges[index + 1] - edges[index])
+
+
+# ---------------------------------------------------------------------------- the backend
+
+
+class MLflowBackend(Backend):
+    """Sends records to an MLflow run: metrics, quantiles of histograms, histogram artifacts, heatmaps.
+
+    Args:
+        tracking_uri: where the run lives; default: ``mlflow.get_tracking_uri()`` when the backend
+            is created. Not allowed together with ``client``.
+        run_id: the run to log to; default: the run of ``mlflow.active_run()`` when the backend is
+            created (MLflow's active run is per thread, and backends write on their own thread,
+            so it is read here, not later).
+        client: an ``MlflowClient`` to log through (Lightning's ``MLFlowLogger.experiment``).
+        prefix: the first part of every metric key and of the artifact folder.
+        synchronous: ``False`` sends metrics with ``log_batch(synchronous=False)`` and waits for
+            them at ``flush()``/``close()`` (and when 32 batches are in flight).
+        histogram_every: saved steps per histogram artifact (one JSON file for all tensors);
+            ``0`` sends no histogram artifacts (quantile metrics are always sent).
+        heatmaps: at ``close()``, one heatmap image per tensor of its histogram over time
+            (skipped when matplotlib is not installed).
+
+    >>> hook = tl.watch(model, backends=[MLflowBackend(tracking_uri="http://127.0.0.1:5000", run_id=rid)])  # doctest: +SKIP
+    """
+
+    name: ClassVar[str] = "mlflow"
+    supports_histograms: ClassVar[bool] = True
+    supports_tensors: ClassVar[bool] = False
+    main_process_only: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        *,
+        tracking_uri: str | None = None,
+        run_id: str | None = None,
+        client: MlflowClient | None = None,
+        prefix: str = "tensorlens",
+        synchronous: bool = True,
+        histogram_every: int = 10,
+        heatmaps: bool = True,
+    ) -> None:
+        if tracking_uri is not None and (not isinstance(tracking_uri, str) or not tracking_uri):
+            raise expected("tracking_uri", "None or a non-empty string", tracking_uri)
+        if run_id is not None and (not isinstance(run_id, str) or not run_id):
+            raise expected("run_id", "None or a non-empty string", run_id)
+        if not isinstance(prefix, str) or (prefix and mlflow_metric_key(prefix) != prefix):
+            raise expected("prefix", "a string of letters, digits, `_ . - /` and spaces, without empty or dot-only parts", prefix)
+        if not isinstance(synchronous, bool):
+            raise expected("synchronous", "a bool", synchronous)
+        if isinstance(histogram_every, bool) or not isinstance(histogram_every, int) or histogram_every < 0:
+            raise expected("histogram_every", "an integer >= 0 (0 turns histogram artifacts off)", histogram_every)
+        if not isinstance(heatmaps, bool):
+            raise expected("heatmaps", "a bool", heatmaps)
+        mlflow = _import_mlflow()
+        if client is not None:
+            if not isinstance(client, mlflow.MlflowClient):
+                raise expected("client", "None or an mlflow.MlflowClient", client)
+            if tracking_uri is not None:
+                raise expected("tracking_uri", "None when `client` is given (the client has its own URI)", tracking_uri)
+        if run_id is None:
+            active = mlflow.active_run()
+            if active is None:
+                raise expected(
+                    "run_id",
+                    "a run id, or an active MLflow run when the backend is created "
+                    "(call mlflow.start_run() before tl.watch(...))",
+                    None,
+                )
+            run_id = active.info.run_id
+        if client is None and tracking_uri is None:
+            tracking_uri = mlflow.get_tracking_uri()
+
+        self.tracking_uri = client.tracking_uri if client is not None else tracking_uri
+        self.run_id: str = run_id
+        self.prefix = prefix
+        self.synchronous = synchronous
+        self.histogram_every = histogram_every
+        self.heatmaps = heatmaps
+        self.keys = MetricKeyMapper()
+        self._client = client
+        self._run: RunInfo | None = None
+        self._pending: list[Any] = []  # RunOperations of asynchronous log_batch calls
+        self._chunks: dict[ModeKeys, _HistogramChunk] = {}
+        self._columns: dict[tuple[ModeKeys, str], _HeatmapColumns] = {}
+        self._tmp: str | None = None
+        self._suspect = False  # a write failed: check the server is reachable before the next one
+
+    @property
+    def artifact_root(self) -> str:
+        return self.prefix or "tensorlens"
+
+    # -- lifecycle
+
+    def open(self, run: RunInfo) -> None:
+        self._run = run
+        _probe(self.tracking_uri)
+        if self._client is None:
+            self._client = _import_mlflow().MlflowClient(tracking_uri=self.tracking_uri)
+        # fails early, with MLflow's own message, for a wrong run id or a store that cannot be read
+        self._client.get_run(self.run_id)
+        from mlflow.entities import RunTag
+
+        self._client.log_batch(
+            self.run_id,
+            tags=[RunTag("tensorlens.run_name", run.run_name), RunTag("tensorlens.run_dir", run.run_dir)],
+        )
+        self._tmp = tempfile.mkdtemp(prefix="tensorlens-mlflow-")
+
+    def write(self, record: StepRecord) -> None:
+        from mlflow.entities import Metric
+
+        if self._suspect:
+            _probe(self.tracking_uri)  # fail fast while the server is down instead of retrying for minutes
+        timestamp = int(record.wall_time * 1000)
+        values: dict[str, float] = {entry.key: float(entry.value) for entry in record.scalars}
+        for histogram in record.histograms:
+            quantiles = histogram_quantiles(histogram.counts, histogram.edges, [q for _, q in QUANTILES])
+            if quantiles is not None:
+                for (suffix, _), value in zip(QUANTILES, quantiles, strict=True):
+                    values.setdefault(f"{histogram.tensor}/{suffix}", float(value))
+        # sorted: which of two colliding keys keeps the clean name must not depend on entry order
+        metrics = [
+            Metric(self.metric_key(key, record.mode, record.worker), values[key], timestamp, record.step)
+            for key in sorted(values)
+        ]
+
+        if self.histogram_every and record.histograms:
+            self._chunk(record.mode).add(record)
+        if self.heatmaps:
+            for histogram in record.histograms:
+                # mode steps on the x axis: every eval step of one evaluation shares its global step
+                self._columns.setdefault((record.mode, histogram.tensor), _HeatmapColumns()).add(record.mode_step, histogram)
+
+        chunk = self._chunks.get(record.mode)
+        full = chunk if chunk is not None and len(chunk.records) >= self.histogram_every else None
+        try:
+            self._send(metrics)
+            if full is not None:
+                self._upload_chunk(full)
+        except Exception:
+            self._suspect = True
+            raise
+        finally:
+            if full is not None:  # let go even when it failed: memory stays bounded while a server is down
+                self._chunks.pop(record.mode, None)
+        self._suspect = False
+
+    def flush(self) -> None:
+        """Wait for asynchronous batches and upload the histogram chunks begun so far.
+
+        A chunk uploaded early is uploaded again, under the same name, once it is complete.
+        """
+        self._wait(len(self._pending))
+        for chunk in list(self._chunks.values()):
+            if chunk.dirty:
+                self._upload_chunk(chunk)
+
+    def close(self) -> None:
+        if self._client is None:
+            return
+        errors: list[BaseException] = []
+        for step in (self.flush, self._upload_heatmaps):
+            try:
+                step()
+            except Exception as err:  # keep going: the heatmaps do not depend on the chunks
+                errors.append(err)
+        self._chunks.clear()
+        self._columns.clear()
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+        if errors:
+            raise errors[0]
+
+    # -- metrics
+
+    def metric_key(self, key: str, mode: ModeKeys | str = ModeKeys.TRAIN, worker: str | None = None) -> str:
+        """The MLflow metric that holds the series ``key`` (``"collection/tensor/stat"``) of ``mode``.
+
+        >>> backend.metric_key("gradients/fc1.weight/l2", mode="eval")  # doctest: +SKIP
+        'tensorlens/eval/gradients/fc1.weight/l2'
+        """
+        mode = ModeKeys.coerce(mode)
+        parts = [self.prefix]
+        if mode != ModeKeys.TRAIN:
+            parts.append(str(mode))
+        run = self._run
+        if _worker_infix(run, worker):
+            parts.append(str(worker))  # every rank logs its own series into the same run
+        parts.append(key)
+        # the identity keeps the parts apart, so mode "eval" + "x" and a collection "eval/x" differ
+        return self.keys("/".join(p for p in parts if p), identity="\x00".join(parts))
+
+    def _send(self, metrics: list[Any]) -> None:
+        assert self._client is not None, "MLflowBackend.write before open"
+        for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
+            batch = metrics[start : start + MAX_METRICS_PER_BATCH]
+            if self.synchronous:
+                self._client.log_batch(self.run_id, metrics=batch)
+            else:
+                self._pending.append(self._client.log_batch(self.run_id, metrics=batch, synchronous=False))
+        if len(self._pending) > _MAX_PENDING_ASYNC:
+            self._wait(len(self._pending) - _MAX_PENDING_ASYNC // 2)
+
+    def _wait(self, count: int) -> None:
+        """Wait for the ``count`` oldest asynchronous batches; raise if any of them failed."""
+        waiting, self._pending = self._pending[:count], self._pending[count:]
+        failures = []
+        for operations in waiting:
+            try:
+                operations.wait()
+            except Exception as err:
+                failures.append(err)
+        if failures:
+            raise RuntimeError(f"{len(failures)} of {len(waiting)} asynchronous log_batch calls failed: {failures[0]}")
+
+    # -- histogram artifacts
+
+    def _chunk(self, mode: ModeKeys) -> _HistogramChunk:
+        chunk = self._chunks.get(mode)
+        if chunk is None:
+            chunk = self._chunks[mode] = _HistogramChunk(mode)
+        return chunk
+
+    def _upload_chunk(self, chunk: _HistogramChunk) -> None:
+        assert self._client is not None and self._tmp is not None
+        folder = os.path.join(self._tmp, "histograms", str(chunk.mode))
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, chunk.filename)
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump(chunk.document(self._run), file, separators=(",", ":"), allow_nan=False)
+        try:
+            self._client.log_artifact(self.run_id, path, f"{self.artifact_root}/histograms/{chunk.mode}")
+        finally:
+            os.remove(path)
+        chunk.dirty = False
+
+    # -- heatmaps
+
+    def _upload_heatmaps(self) -> None:
+        if not self._columns or self._client is None or self._tmp is None:
+            return
+        try:
+            painter = _HeatmapPainter()
+        except ImportError:
+            return  # heatmaps are a convenience; the quantiles and chunks hold the same information
+        folder = os.path.join(self._tmp, "heatmaps")
+        names = MetricKeyMapper()  # file names follow the metric-key rules: no "..", no empty parts
+        deadline = time.monotonic() + _HEATMAP_BUDGET_S
+        todo = sorted(self._columns.items())
+        for done, ((mode, tensor), columns) in enumerate(todo):
+            if time.monotonic() > deadline:
+                warnings.warn(
+                    f"tensorlens: MLflowBackend drew {done} of {len(todo)} heatmaps in {_HEATMAP_BUDGET_S:.0f} s "
+                    "and skipped the rest so that close() ends in time; the histogram artifacts hold all of them",
+                    stacklevel=2,
+                )
+                break
+            relative = names(f"{mode}/{tensor}", identity=f"{mode}\x00{tensor}") + ".png"
+            path = os.path.join(folder, *relative.split("/"))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            painter.draw(columns, f"{tensor} ({mode})", "step" if mode == ModeKeys.TRAIN else f"{mode} step", path)
+        if not os.path.isdir(folder):
+            return
+        self._client.log_artifacts(self.run_id, folder, f"{self.artifact_root}/heatmaps")
+
+
+def _worker_infix(run: RunInfo | None, worker: str | None) -> bool:
+    # as in the W&B backend: rank 0 keeps the keys of a single-process run, other ranks are named
+    all_workers = run is not None and run.world_size > 1 and run.config.get("include_workers") == "all"
+    return all_workers and worker is not None and worker != "worker_0"
+
+
+class _HistogramChunk:
+    """The histograms of up to ``histogram_every`` saved steps of one mode, as one JSON artifact."""
+
+    def __init__(self, mode: ModeKeys) -> None:
+        self.mode = mode
+        self.records: list[dict[str, Any]] = []
+        self.dirty = False
+
+    @property
+    def filename(self) -> str:
+        # the first mode step names the file: fixed once the chunk begins, unique within a mode
+        return f"histograms-{self.records[0]['mode_step']:09d}.json"
+
+    def add(self, record: StepRecord) -> None:
+        self.records.append({
+            "step": record.step,
+            "mode_step": record.mode_step,
+            "wall_time": record.wall_time,
+            "worker": record.worker,
+            "histograms": {h.tensor: _histogram_json(h) for h in record.histograms},
+        })
+        self.dirty = True
+
+    def document(self, run: RunInfo | None) -> dict[str, Any]:
+        return {
+            "format": "tensorlens.histograms",
+            "version": 1,
+            "run_name": run.run_name if run else None,
+            "mode": str(self.mode),
+            "records": self.records,
+        }
+
+
+def _finite_or_none(value: float) -> float | None:
+    # JSON has no NaN/Inf; None (null) marks a statistic that is not a finite number
+    return value if math.isfinite(value) else None
+
+
+def _histogram_json(h: HistogramEntry) -> dict[str, Any]:
+    return {
+        "counts": [int(c) for c in h.counts],
+        "edges": [_finite_or_none(float(e)) for e in h.edges],
+        "min": _finite_or_none(float(h.min)),
+        "max": _finite_or_none(float(h.max)),
+        "count": int(h.count),
+        "nan_count": int(h.nan_count),
+        "inf_count": int(h.inf_count),
+        "rejected": int(h.rejected),
+        "underflow": int(h.underflow),
+        "overflow": int(h.overflow),
+        "sampled": bool(h.sampled),
+    }
+
+
+class _HeatmapColumns:
+    """One tensor's histograms over time, thinned to at most ``_HEATMAP_COLUMNS`` columns."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.counts: list[np.ndarray] = []
+        self.edges: list[np.ndarray] = []
+        self._stride = 1
+        self._seen = 0
+
+    def add(self, step: int, histogram: HistogramEntry) -> None:
+        seen, self._seen = self._seen, self._seen + 1
+        if seen % self._stride:
+            return
+        self.steps.append(step)
+        self.counts.append(np.asarray(histogram.counts, dtype=np.float64))
+        self.edges.append(np.asarray(histogram.edges, dtype=np.float64))
+        if len(self.steps) >= 2 * _HEATMAP_COLUMNS:
+            self.steps, self.counts, self.edges = self.steps[::2], self.counts[::2], self.edges[::2]
+            self._stride *= 2
+
+
+def _rebin(counts: np.ndarray, edges: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """Fractions of ``counts`` falling in each cell of ``grid``, values spread evenly within a bin."""
+    total = counts.sum()
+    if not total > 0 or not np.all(np.isfinite(edges)):
+        return np.zeros(len(grid) - 1)
+    if np.all(np.diff(edges) > 0):
+        cumulative = np.interp(grid, edges, np.concatenate([[0.0], np.cumsum(counts)]))
+        return np.diff(cumulative) / total
+    # collapsed edges (a huge constant): put each bin's mass at its centre
+    centres = (edges[:-1] + edges[1:]) / 2
+    return np.histogram(np.clip(centres, grid[0], grid[-1]), bins=grid, weights=counts)[0] / total
+
+
+class _HeatmapPainter:
+    """Draws heatmaps into one reused figure: axes, colorbar and layout are built once, which
+    makes each image several times cheaper than a fresh figure (savefig is most of what is left)."""
+
+    def __init__(self) -> None:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.cm import ScalarMappable
+        from matplotlib.colors import Normalize
+        from matplotlib.figure import Figure
+
+        self.figure = Figure(figsize=(7, 3.6), dpi=100)
+        FigureCanvasAgg(self.figure)  # an Agg canvas: no pyplot, no global state, safe off the main thread
+        # fixed axes rectangles instead of tight_layout, which costs more than drawing the image
+        self.axes = self.figure.add_axes((0.10, 0.14, 0.76, 0.76))
+        colorbar_axes = self.figure.add_axes((0.88, 0.14, 0.025, 0.76))
+        self.scale = ScalarMappable(norm=Normalize(_HEATMAP_LOG_FLOOR, 0.0), cmap="viridis")
+        self.figure.colorbar(self.scale, cax=colorbar_axes, label="log10 fraction of values")
+        self.mesh: Any = None
+
+    def draw(self, columns: _HeatmapColumns, title: str, xlabel: str, path: str) -> None:
+        finite = [e for e in columns.edges if np.all(np.isfinite(e))]
+        low = min((float(e[0]) for e in finite), default=0.0)
+        high = max((float(e[-1]) for e in finite), default=1.0)
+        if not high > low:
+            low, high = low - 0.5, high + 0.5
+        grid = np.linspace(low, high, _HEATMAP_ROWS + 1)
+        image = np.stack([_rebin(c, e, grid) for c, e in zip(columns.counts, columns.edges, strict=True)], axis=1)
+        steps = np.asarray(columns.steps, dtype=np.float64)
+        # column boundaries halfway between saved steps, so uneven save intervals are drawn to scale
+        if len(steps) > 1:
+            middle = (steps[:-1] + steps[1:]) / 2
+            x = np.concatenate([[2 * steps[0] - middle[0]], middle, [2 * steps[-1] - middle[-1]]])
+        else:
+            x = np.array([steps[0] - 0.5, steps[0] + 0.5])
+        # empty cells stay blank; tiny fractions are drawn in the floor colour
+        positive = image > 0
+        shown = np.ma.array(np.maximum(np.log10(np.where(positive, image, 1.0)), _HEATMAP_LOG_FLOOR), mask=~positive)
+        if self.mesh is not None:
+            self.mesh.remove()
+        self.mesh = self.axes.pcolormesh(x, grid, shown, norm=self.scale.norm, cmap=self.scale.cmap, shading="flat")
+        self.axes.set_xlim(x[0], x[-1])
+        self.axes.set_ylim(low, high)
+        self.axes.set_title(title, fontsize=9)
+        self.axes.set_xlabel(xlabel)
+        self.axes.set_ylabel("value")
+        self.figure.savefig(path)
+
+
+# ---------------------------------------------------------------------------- reachability
+
+
+def _probe(uri: str | None, timeout: float = _PROBE_TIMEOUT_S) -> None:
+    """Raise ``ConnectionError`` when an ``http(s)`` tracking server does not accept connections.
+
+    MLflow retries a refused connection with exponential backoff for about four minutes per call
+    (``MLFLOW_HTTP_REQUEST_MAX_RETRIES=7``); one TCP connect tells a server that is down apart
+    within ``timeout`` seconds, so a dead tracker costs training nothing, not even at close.
+    Skipped for other URIs and when a proxy is configured for the host (the proxy decides then).
+    """
+    if not uri:
+        return
+    parsed = urllib.parse.urlparse(uri)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return
+    if urllib.request.getproxies().get(parsed.scheme) and not urllib.request.proxy_bypass(parsed.hostname):
+        return
+    try:
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        with socket.create_connection((parsed.hostname, port), timeout=timeout):
+            pass
+    except (OSError, ValueError) as err:  # ValueError: a port out of range in the URI
+        raise ConnectionError(f"the MLflow tracking server at {uri} is unreachable: {err}") from err

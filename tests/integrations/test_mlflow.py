@@ -1,0 +1,621 @@
+"""The MLflow backend against the real library: a real ``mlflow server`` on loopback, a plain
+``sqlite:///`` store, and an unreachable tracker. No mocks.
+
+Every run is read back with ``MlflowClient.get_metric_history`` and compared with the local run
+store of the same training (``tl.open_run(hook.run_dir)``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import tensorlens as tl
+
+mlflow = pytest.importorskip("mlflow")
+
+from mlflow import MlflowClient  # noqa: E402
+from mlflow.utils.validation import _validate_metric_name  # noqa: E402
+from tensorlens.integrations.mlflow import (  # noqa: E402
+    MAX_KEY_LENGTH,
+    QUANTILES,
+    MetricKeyMapper,
+    MLflowBackend,
+    histogram_quantiles,
+    mlflow_metric_key,
+)
+
+from tensorlens.reader import TensorNotFound  # noqa: E402
+
+# `mlflow server` took ~40 s to answer /health on a loaded 2-core machine; the bound only keeps
+# a broken server from hanging the suite.
+SERVER_START_TIMEOUT_S = float(os.environ.get("TENSORLENS_MLFLOW_SERVER_TIMEOUT", "180"))
+TRAIN_STEPS = 12
+SAVE_INTERVAL = 2
+EVAL_BATCHES = 3
+MLFLOW_MAX_DOUBLE = 1.7976931348623157e308  # what MLflow's SQL stores keep for +Inf
+
+
+# ---------------------------------------------------------------------------- fixtures
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _healthy(uri: str) -> bool:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
+    try:
+        with opener.open(f"{uri}/health", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """Stop the server and the workers it started (its own process group, nothing else)."""
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real ``mlflow server`` (SQLite store, proxied artifacts) on 127.0.0.1; yields its URI."""
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = _free_port()
+    uri = f"http://127.0.0.1:{port}"
+    command = [
+        sys.executable, "-m", "mlflow", "server",
+        "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+        "--artifacts-destination", str(root / "artifacts"),
+        "--host", "127.0.0.1", "--port", str(port),
+        "--workers", "1",  # the default four compete for two shared cores
+    ]
+    log_path = root / "server.log"
+    # no GenAI job runner: it starts eight more processes that these tests never use
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=root, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while not _healthy(uri):
+            if process.poll() is not None or time.monotonic() > deadline:
+                tail = log_path.read_text(errors="replace")[-3000:]
+                pytest.fail(f"mlflow server did not become healthy (exit code {process.poll()}):\n{tail}")
+            time.sleep(0.5)
+        yield uri
+    finally:
+        _stop(process)
+
+
+def _new_run(client: MlflowClient, artifacts: Path) -> str:
+    # an explicit artifact location: the default, ./mlruns, would land in the working directory
+    name = f"tensorlens-{time.time_ns()}"
+    location = artifacts.as_uri() if not client.tracking_uri.startswith("http") else None
+    experiment = client.create_experiment(name, artifact_location=location)
+    return client.create_run(experiment).info.run_id
+
+
+@contextlib.contextmanager
+def _tracking_uri(uri: str) -> Iterator[None]:
+    """``mlflow.set_tracking_uri(uri)`` for the block, restoring the previous global and env var."""
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    previous, previous_env = tracking_utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(previous)
+        if previous_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = previous_env
+
+
+# ---------------------------------------------------------------------------- training
+
+
+class Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, 8)
+        self.act = nn.ReLU()
+        self.fc2 = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def _train(hook: tl.Hook, model: nn.Module, special_scalars: bool = False, flush_at: int | None = None) -> None:
+    """TRAIN_STEPS optimizer steps, then EVAL_BATCHES eval forwards; closes the hook.
+
+    ``flush_at``: call ``hook.flush()`` after that step (uploads a partial histogram chunk early).
+    """
+    torch.manual_seed(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    criterion = nn.MSELoss()
+    hook.register_loss(criterion)
+    for step in range(TRAIN_STEPS):
+        x, y = torch.randn(16, 4), torch.randn(16, 2)
+        optimizer.zero_grad()
+        criterion(model(x), y).backward()
+        if special_scalars:
+            hook.save_scalar("nan_value", math.nan)
+            hook.save_scalar("pos_inf", math.inf)
+            hook.save_scalar("neg_inf", -math.inf)
+            hook.save_scalar("odd[0]", float(step))  # cleaned to odd_0_ ...
+            hook.save_scalar("odd_0_", -float(step))  # ... which this one then has to avoid
+        optimizer.step()
+        if step == flush_at:
+            assert hook.flush()
+    model.eval()
+    with torch.no_grad():
+        for _ in range(EVAL_BATCHES):
+            model(torch.randn(5, 4))
+    hook.close()
+
+
+def _watch(model: nn.Module, tmp_path: Path, backends: object) -> tl.Hook:
+    return tl.watch(model, save_interval=SAVE_INTERVAL, activations=True, backends=backends, out_dir=tmp_path / "run")
+
+
+# ---------------------------------------------------------------------------- reading back
+
+
+def _reference_quantile(counts: np.ndarray, edges: np.ndarray, level: float) -> float:
+    """Walk the bins until the cumulative count reaches ``level * total``; interpolate in that bin."""
+    total = float(np.sum(counts))
+    target = level * total
+    before = 0.0
+    for i, count in enumerate(counts.tolist()):
+        if count > 0 and before + count >= target:
+            return float(edges[i]) + (target - before) / count * (float(edges[i + 1]) - float(edges[i]))
+        before += count
+    raise AssertionError("unreachable for level in (0, 1]")
+
+
+def _expected_series(path: str, backend: MLflowBackend, eval_step: int) -> dict[str, list[tuple[int, float]]]:
+    """MLflow key -> sorted ``(step, value)`` built from the local run store alone."""
+    expected: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    with tl.open_run(path) as run:
+        names = run.tensor_names()
+        for mode in ("train", "eval"):
+            for mode_step in run.steps(mode=mode):
+                step = mode_step if mode == "train" else eval_step
+                for key, value in run.scalars(mode_step, mode=mode).items():
+                    expected[backend.metric_key(key, mode)].append((step, value))
+                for name in names:
+                    try:
+                        counts, edges = run.tensor(name).histogram(mode_step, mode=mode)
+                    except TensorNotFound:
+                        continue
+                    if counts.sum() == 0:
+                        continue
+                    for suffix, level in QUANTILES:
+                        value = _reference_quantile(counts, edges, level)
+                        expected[backend.metric_key(f"{name}/{suffix}", mode)].append((step, value))
+    return {key: sorted(series, key=_order) for key, series in expected.items()}
+
+
+def _order(point: tuple[int, float]) -> tuple[int, float]:
+    step, value = point
+    return step, (math.inf if math.isnan(value) else value)
+
+
+def _mlflow_value(value: float) -> float:
+    """What MLflow's SQL stores give back for a value: NaN stays NaN, +-Inf becomes +-max double."""
+    if math.isinf(value):
+        return math.copysign(MLFLOW_MAX_DOUBLE, value)
+    return value
+
+
+def _assert_same(actual: float, expected: float, key: str) -> None:
+    expected = _mlflow_value(expected)
+    if math.isnan(expected):
+        assert math.isnan(actual), key
+    elif key.rsplit("/", 1)[-1] in {suffix for suffix, _ in QUANTILES}:
+        # the adapter's vectorised formula and the reference loop may round differently in the last bit
+        assert math.isclose(actual, expected, rel_tol=1e-12, abs_tol=1e-15), (key, actual, expected)
+    else:
+        assert actual == expected, (key, actual, expected)
+
+
+def _assert_matches_local_store(client: MlflowClient, run_id: str, hook: tl.Hook, backend: MLflowBackend) -> int:
+    """Every series in MLflow equals the local store's; returns the number of points compared."""
+    expected = _expected_series(hook.run_dir, backend, eval_step=TRAIN_STEPS)
+    logged = {k for k in client.get_run(run_id).data.metrics if k.startswith(backend.prefix + "/")}
+    assert logged == set(expected), (sorted(logged ^ set(expected))[:10])
+    points = 0
+    for key, series in expected.items():
+        history = sorted(((m.step, m.value) for m in client.get_metric_history(run_id, key)), key=_order)
+        assert [s for s, _ in history] == [s for s, _ in series], key
+        # within one step (eval steps share the global step) order by the values MLflow stored
+        series = sorted(((s, _mlflow_value(v)) for s, v in series), key=_order)
+        for (_, actual), (_, wanted) in zip(history, series, strict=True):
+            _assert_same(actual, wanted, key)
+        points += len(series)
+    return points
+
+
+def _artifacts(client: MlflowClient, run_id: str, path: str | None = None) -> list[str]:
+    out = []
+    for info in client.list_artifacts(run_id, path):
+        out += _artifacts(client, run_id, info.path) if info.is_dir else [info.path]
+    return sorted(out)
+
+
+def _histograms(path: str, mode: str) -> tuple[list[str], list[int]]:
+    """Tensors with a histogram, and the mode steps holding any histogram, in the local store."""
+    tensors, steps = set(), set()
+    with tl.open_run(path) as run:
+        for name in run.tensor_names():
+            for step in run.steps(mode=mode):
+                with contextlib.suppress(TensorNotFound):
+                    run.tensor(name).histogram(step, mode=mode)
+                    tensors.add(name)
+                    steps.add(step)
+    return sorted(tensors), sorted(steps)
+
+
+def _assert_artifacts(client: MlflowClient, run_id: str, hook: tl.Hook, every: int, download_to: Path, heatmaps: bool = True) -> None:
+    files = _artifacts(client, run_id)
+    (train_tensors, train_steps), (eval_tensors, eval_steps) = _histograms(hook.run_dir, "train"), _histograms(hook.run_dir, "eval")
+    # one JSON per `every` saved steps with histograms, named by the first mode step it holds
+    expected = [f"tensorlens/histograms/train/histograms-{s:09d}.json" for s in train_steps[::every]]
+    expected += [f"tensorlens/histograms/eval/histograms-{s:09d}.json" for s in eval_steps[::every]]
+    assert sorted(f for f in files if "/histograms/" in f) == sorted(expected)
+    expected_heatmaps = [f"tensorlens/heatmaps/train/{name}.png" for name in train_tensors]
+    expected_heatmaps += [f"tensorlens/heatmaps/eval/{name}.png" for name in eval_tensors]
+    if not heatmaps:
+        expected_heatmaps = []
+    assert sorted(f for f in files if "/heatmaps/" in f) == sorted(expected_heatmaps)
+    if heatmaps:
+        assert len(expected_heatmaps) >= 10  # weights, biases, gradients, activations
+        image = client.download_artifacts(run_id, expected_heatmaps[0], str(download_to))
+        assert Path(image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a histogram chunk holds exactly the stored counts and edges of every tensor of its steps
+    found: dict[str, list[int]] = {"train": [], "eval": []}
+    checked = 0
+    with tl.open_run(hook.run_dir) as run:
+        for path in expected:
+            document = json.loads(Path(client.download_artifacts(run_id, path, str(download_to))).read_text())
+            assert document["format"] == "tensorlens.histograms" and document["version"] == 1
+            for record in document["records"]:
+                found[document["mode"]].append(record["mode_step"])
+                tensors = train_tensors if document["mode"] == "train" else eval_tensors
+                assert set(record["histograms"]) <= set(tensors) and record["histograms"]
+                for name, histogram in record["histograms"].items():
+                    counts, edges = run.tensor(name).histogram(record["mode_step"], mode=document["mode"])
+                    assert histogram["counts"] == counts.tolist()
+                    assert histogram["edges"] == edges.tolist()
+                    checked += 1
+    assert found == {"train": train_steps, "eval": eval_steps}  # every saved step once, in order
+    assert checked > 0
+
+
+# ---------------------------------------------------------------------------- metric keys (pure)
+
+
+REJECTED = ["..a", "...", "a[0]", "a//b", "a/./b", "../a", "/a", "a/", "a@b", "a,b", "a+b", "a=b", "a:b", "é/x", "", ".", "..", "a/../b", "//", "a\\b", "tab\tkey"]
+
+
+@pytest.mark.parametrize("key", REJECTED)
+def test_cleaned_keys_pass_mlflows_own_validation(key: str) -> None:
+    cleaned = mlflow_metric_key(key)
+    _validate_metric_name(cleaned)  # raises MlflowException if MLflow would refuse it
+    assert cleaned and len(cleaned) <= MAX_KEY_LENGTH
+    assert not cleaned.startswith("/") and not cleaned.endswith("/") and "//" not in cleaned
+
+
+@pytest.mark.parametrize("key", ["gradients/fc1.weight/l2", "a b/c-d_e.f", "tensorlens/eval/activations/0/p50", "x"])
+def test_valid_keys_are_unchanged(key: str) -> None:
+    assert mlflow_metric_key(key) == key
+    assert MetricKeyMapper()(key) == key
+
+
+def test_examples_from_the_brief() -> None:
+    assert mlflow_metric_key("a[0]") == "a_0_"
+    assert mlflow_metric_key("a//b") == "a/b"
+    assert mlflow_metric_key("/a/b/") == "a/b"
+    assert mlflow_metric_key("a/./b") == "a/_/b"
+    assert mlflow_metric_key("../a") == "__/a"
+
+
+def test_colliding_keys_get_distinct_stable_names() -> None:
+    keys = ["a[0]", "a_0_", "a(0)", "a//0", "a/0"]
+    first, second = MetricKeyMapper(), MetricKeyMapper()
+    mapped = [first(k) for k in keys]
+    assert mapped == [second(k) for k in keys]  # deterministic
+    assert mapped == [first(k) for k in keys]  # remembered
+    assert len(set(mapped)) == len(keys)
+    assert mapped[0] == "a_0_" and mapped[3] == "a/0"  # the first to claim a cleaned form keeps it
+    assert mapped[1].startswith("a_0_-") and mapped[2].startswith("a_0_-") and mapped[4].startswith("a/0-")
+    for key in mapped:
+        _validate_metric_name(key)
+
+
+def test_long_keys_are_cut_and_hashed() -> None:
+    mapper = MetricKeyMapper()
+    exact = "k" * MAX_KEY_LENGTH
+    assert mapper(exact) == exact
+    long_a = "x/" * 150 + "a"
+    long_b = "x/" * 150 + "b"
+    mapped_a, mapped_b = mapper(long_a), mapper(long_b)
+    assert mapped_a != mapped_b
+    for key in (mapped_a, mapped_b):
+        assert len(key) <= MAX_KEY_LENGTH
+        _validate_metric_name(key)
+    assert mapper("k" * (MAX_KEY_LENGTH + 1)) != exact
+
+
+def test_identity_separates_equal_strings() -> None:
+    mapper = MetricKeyMapper()
+    assert mapper("p/eval/x", identity="p\0eval\0x") == "p/eval/x"
+    assert mapper("p/eval/x", identity="p\0eval/x") != "p/eval/x"
+
+
+def test_random_keys_are_valid_and_unique() -> None:
+    rng = random.Random(0)
+    alphabet = "ab/._- :[]()@,+=*\\\té0"
+    keys = {"".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) for _ in range(3000)}
+    keys |= {"z" * rng.randint(240, 260) + rng.choice(alphabet) for _ in range(50)}
+    mapper = MetricKeyMapper()
+    mapped = [mapper(k) for k in sorted(keys)]
+    assert len(set(mapped)) == len(keys)
+    for key in mapped:
+        assert len(key) <= MAX_KEY_LENGTH
+        _validate_metric_name(key)
+
+
+# ---------------------------------------------------------------------------- quantiles (pure)
+
+
+def test_quantiles_match_a_reference_loop() -> None:
+    rng = np.random.default_rng(0)
+    levels = [q for _, q in QUANTILES]
+    cases = [
+        (np.array([5]), np.array([-1.0, 1.0])),
+        (np.array([0, 0, 7, 0]), np.linspace(0, 4, 5)),
+        (np.array([1, 0, 0, 1]), np.linspace(-2, 2, 5)),
+        (np.array([3, 0, 3]), np.array([-0.5, 0.0, 0.0, 0.5])),  # a zero-width bin
+    ]
+    for bins in (1, 2, 7, 64, 512):
+        counts = rng.integers(0, 5, size=bins) * (rng.random(bins) < 0.6)
+        if counts.sum() == 0:
+            counts[rng.integers(bins)] = 1
+        low = rng.normal()
+        cases.append((counts, np.sort(low + np.cumsum(rng.random(bins + 1)))))
+    for counts, edges in cases:
+        got = histogram_quantiles(counts, edges, levels)
+        assert got is not None
+        want = [_reference_quantile(counts, edges, q) for q in levels]
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+        assert np.all(np.diff(got) >= 0)
+
+
+def test_quantiles_are_close_to_numpy_on_the_raw_values() -> None:
+    rng = np.random.default_rng(1)
+    values = rng.normal(size=20_000)
+    counts, edges = np.histogram(values, bins=256)
+    levels = [q for _, q in QUANTILES]
+    got = histogram_quantiles(counts, edges, levels)
+    width = edges[1] - edges[0]
+    assert np.max(np.abs(got - np.quantile(values, levels))) <= width
+
+
+def test_empty_histogram_has_no_quantiles() -> None:
+    assert histogram_quantiles(np.zeros(4, dtype=np.int64), np.linspace(0, 1, 5), [0.5]) is None
+    assert histogram_quantiles(np.zeros(0, dtype=np.int64), np.array([0.0]), [0.5]) is None
+
+
+# ---------------------------------------------------------------------------- construction
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"tracking_uri": 5}, "tracking_uri"),
+        ({"tracking_uri": ""}, "tracking_uri"),
+        ({"run_id": 3}, "run_id"),
+        ({"prefix": "a//b"}, "prefix"),
+        ({"prefix": "a[0]"}, "prefix"),
+        ({"prefix": 1}, "prefix"),
+        ({"synchronous": "yes"}, "synchronous"),
+        ({"histogram_every": -1}, "histogram_every"),
+        ({"histogram_every": True}, "histogram_every"),
+        ({"heatmaps": 1}, "heatmaps"),
+        ({"client": "http://x"}, "client"),
+    ],
+)
+def test_bad_arguments_fail_at_construction(kwargs: dict[str, object], name: str) -> None:
+    with pytest.raises(ValueError, match=f"Expected `{name}` to be"):
+        MLflowBackend(**{"run_id": "r", **kwargs})
+
+
+def test_client_and_tracking_uri_are_exclusive() -> None:
+    with pytest.raises(ValueError, match="Expected `tracking_uri` to be None when `client` is given"):
+        # an http client: creating it contacts nothing (a sqlite one would build its schema first)
+        MLflowBackend(client=MlflowClient("http://127.0.0.1:9"), tracking_uri="sqlite:///y.db", run_id="r")
+
+
+def test_no_run_is_a_clear_error() -> None:
+    assert mlflow.active_run() is None
+    with pytest.raises(ValueError, match=r"mlflow\.start_run\(\)"):
+        MLflowBackend()
+    with pytest.raises(ValueError, match="Expected `run_id` to be"):
+        tl.Hook(backends=["mlflow"], out_dir=None).close()
+
+
+def test_importing_does_not_import_mlflow_and_missing_mlflow_names_the_extra() -> None:
+    script = textwrap.dedent(
+        """
+        import sys
+        import tensorlens.integrations.mlflow as module
+        assert "mlflow" not in sys.modules, "importing the adapter imported mlflow"
+        sys.modules["mlflow"] = None  # as if it were not installed
+        try:
+            module.MLflowBackend(run_id="r")
+        except ImportError as err:
+            assert "pip install 'tensorlens[mlflow]'" in str(err), err
+        else:
+            raise AssertionError("no ImportError")
+        print("ok")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
+# ---------------------------------------------------------------------------- plain sqlite:/// store
+
+
+def test_sqlite_store_without_a_server(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    run_id = _new_run(client, tmp_path / "artifacts")
+    backend = MLflowBackend(tracking_uri=uri, run_id=run_id, histogram_every=4)
+    model = Tiny()
+    hook = _watch(model, tmp_path, [backend])
+    _train(hook, model, special_scalars=True)
+
+    assert hook.backend_stats()["mlflow"].failed == 0
+    assert _assert_matches_local_store(client, run_id, hook, backend) > 500
+    # NaN comes back as NaN, +-Inf as +-max double (SQL has no infinity)
+    nan_history = client.get_metric_history(run_id, "tensorlens/scalars/nan_value")
+    assert len(nan_history) == TRAIN_STEPS and all(math.isnan(m.value) for m in nan_history)
+    assert {m.value for m in client.get_metric_history(run_id, "tensorlens/scalars/pos_inf")} == {MLFLOW_MAX_DOUBLE}
+    assert {m.value for m in client.get_metric_history(run_id, "tensorlens/scalars/neg_inf")} == {-MLFLOW_MAX_DOUBLE}
+    # two keys that clean to the same string stay two series
+    odd, clean = backend.metric_key("scalars/odd[0]"), backend.metric_key("scalars/odd_0_")
+    assert odd != clean and {odd, clean} <= set(client.get_run(run_id).data.metrics)
+    _assert_artifacts(client, run_id, hook, every=4, download_to=tmp_path / "download")
+    tags = client.get_run(run_id).data.tags
+    assert tags["tensorlens.run_dir"] == hook.run_dir
+
+
+# ---------------------------------------------------------------------------- a real server
+
+
+def test_server_with_explicit_run(mlflow_server: str, tmp_path: Path) -> None:
+    client = MlflowClient(mlflow_server)
+    run_id = _new_run(client, tmp_path)
+    backend = MLflowBackend(tracking_uri=mlflow_server, run_id=run_id, histogram_every=4)
+    model = Tiny()
+    hook = _watch(model, tmp_path, [backend])
+    _train(hook, model, special_scalars=True)
+
+    stats = hook.backend_stats()["mlflow"]
+    assert (stats.failed, stats.dropped) == (0, 0) and stats.written == hook.backend_stats()["local"].written
+    assert _assert_matches_local_store(client, run_id, hook, backend) > 500
+    assert all(k.startswith("tensorlens/eval/") for k in client.get_run(run_id).data.metrics if "/eval/" in k)
+    _assert_artifacts(client, run_id, hook, every=4, download_to=tmp_path / "download")
+
+
+def test_server_with_active_run_and_auto_backends(mlflow_server: str, tmp_path: Path) -> None:
+    client = MlflowClient(mlflow_server)
+    experiment = client.create_experiment(f"auto-{time.time_ns()}")
+    with _tracking_uri(mlflow_server), mlflow.start_run(experiment_id=experiment) as active:
+        model = Tiny()
+        hook = _watch(model, tmp_path, "auto")
+        (backend,) = [b for b in hook.backends if isinstance(b, MLflowBackend)]
+        assert backend.run_id == active.info.run_id and backend.tracking_uri == mlflow_server
+        _train(hook, model)
+    assert hook.backend_stats()["mlflow"].failed == 0
+    assert _assert_matches_local_store(client, active.info.run_id, hook, backend) > 500
+    files = _artifacts(client, active.info.run_id)
+    assert any(f.startswith("tensorlens/histograms/train/") for f in files)
+    assert any(f.startswith("tensorlens/heatmaps/train/") for f in files)
+
+
+def test_server_asynchronous_through_a_client(mlflow_server: str, tmp_path: Path) -> None:
+    client = MlflowClient(mlflow_server)
+    run_id = _new_run(client, tmp_path)
+    # what the Lightning callback passes: MLflowBackend(client=logger.experiment, run_id=logger.run_id)
+    backend = MLflowBackend(client=MlflowClient(mlflow_server), run_id=run_id, synchronous=False, heatmaps=False)
+    assert backend.histogram_every == 10
+    model = Tiny()
+    hook = _watch(model, tmp_path, [backend])
+    _train(hook, model, special_scalars=True, flush_at=TRAIN_STEPS // 2)
+    assert hook.backend_stats()["mlflow"].failed == 0
+    assert _assert_matches_local_store(client, run_id, hook, backend) > 500
+    # the chunk uploaded early by hook.flush() was replaced by the complete one
+    _assert_artifacts(client, run_id, hook, every=10, download_to=tmp_path / "download", heatmaps=False)
+
+
+def test_records_written_directly_modes_workers_and_large_batches(mlflow_server: str, tmp_path: Path) -> None:
+    """The backend driven by hand with records as the dispatcher hands them over."""
+    client = MlflowClient(mlflow_server)
+    run_id = _new_run(client, tmp_path)
+    backend = MLflowBackend(client=client, run_id=run_id, prefix="tl", histogram_every=0, heatmaps=False)
+    backend.open(tl.RunInfo("direct", str(tmp_path), rank=0, world_size=2, config={"include_workers": "all"}))
+    many = [tl.ScalarEntry(f"weights/layer{i}.weight", "l2", float(i)) for i in range(2100)]  # > 2 batches
+    counts, edges = np.array([1, 2, 1]), np.array([0.0, 1.0, 2.0, 3.0])
+    histogram = tl.HistogramEntry("weights/w", counts, edges, 0.0, 3.0, 4, 6.0, 11.0)
+    records = [
+        tl.StepRecord(7, tl.ModeKeys.TRAIN, 7, "worker_0", 1_700_000_000.5, scalars=many, histograms=[histogram]),
+        tl.StepRecord(7, tl.ModeKeys.PREDICT, 3, "worker_1", 1_700_000_001.0, scalars=[tl.ScalarEntry("summaries/x", None, 2.5)]),
+        tl.StepRecord(8, tl.ModeKeys.GLOBAL, 8, "worker_1", 1_700_000_002.0, scalars=[tl.ScalarEntry("scalars/a[0]", None, 1.0)]),
+    ]
+    for record in records:
+        backend.write(record)
+    backend.close()
+
+    metrics = client.get_run(run_id).data.metrics
+    assert len(metrics) == 2100 + 7 + 2
+    assert all(metrics[f"tl/weights/layer{i}.weight/l2"] == float(i) for i in range(2100))  # rank 0: no infix
+    assert metrics["tl/predict/worker_1/summaries/x"] == 2.5
+    assert metrics["tl/global/worker_1/scalars/a_0_"] == 1.0
+    p50 = client.get_metric_history(run_id, "tl/weights/w/p50")
+    assert [(m.step, m.timestamp, m.value) for m in p50] == [(7, 1_700_000_000_500, 1.5)]
+    assert [m.step for m in client.get_metric_history(run_id, "tl/predict/worker_1/summaries/x")] == [7]
+    assert _artifacts(client, run_id) == []  # histogram_every=0, heatmaps=False
+
+
+# ---------------------------------------------------------------------------- a tracker that is down
+
+
+@pytest.mark.filterwarnings("ignore:tensorlens. backend")
+def test_unreachable_tracker_does_not_break_training(tmp_path: Path) -> None:
+    uri = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    backend = MLflowBackend(tracking_uri=uri, run_id="0" * 32)
+    model = Tiny()
+    hook = _watch(model, tmp_path, [backend])
+    _train(hook, model)
+
+    stats = hook.backend_stats()
+    assert stats["local"].written > 0 and stats["local"].failed == 0
+    assert stats["mlflow"].written == 0
+    assert stats["mlflow"].failed + stats["mlflow"].dropped == stats["local"].written
+    with tl.open_run(hook.run_dir) as run:
+        assert run.steps(mode="train") == list(range(0, TRAIN_STEPS, SAVE_INTERVAL))
+        assert len(run.steps(mode="eval")) == len(range(0, EVAL_BATCHES, SAVE_INTERVAL))
+        assert run.tensor("gradients/fc1.weight").reduction_values("l2").keys() == set(range(0, TRAIN_STEPS, SAVE_INTERVAL))
