@@ -171,6 +171,7 @@ class Hook:
         self._open_eval: ModeKeys | None = None  # an eval/predict step that has begun
         self._roots: list[tuple[str, nn.Module]] = []
         self._root_handles: list[RemovableHandle] = []
+        self._hooked_roots: set[int] = set()  # ids of the modules whose forward marks a step
         self._forward_depth = 0
         # False: the caller marks every step with begin_step()/end_step() (Lightning calls
         # training_step/validation_step, not necessarily the root's forward, once per step)
@@ -279,6 +280,7 @@ class Hook:
                 "so the tensors of the two models get distinct names"
             )
         self._roots.append((prefix, module))
+        self._hooked_roots.add(id(hooked))
         self._root_handles.append(hooked.register_forward_pre_hook(self._weak(Hook._root_forward_pre)))
         self._root_handles.append(hooked.register_forward_hook(self._weak(Hook._root_forward_post)))
         return self
@@ -392,6 +394,8 @@ class Hook:
             # traced by torch.compile (the root was compiled after it was watched): reading the
             # step counters here would guard the graph on them and recompile it every step
             return
+        if id(module) not in self._hooked_roots:
+            return  # a copy.deepcopy of the watched model (an EMA or teacher) carries our hooks along
         self._forward_depth += 1
         if self._forward_depth > 1 or not self._step_on_forward:
             return
@@ -410,7 +414,7 @@ class Hook:
 
     @_guarded
     def _root_forward_post(self, module: nn.Module, args: Any, output: Any) -> None:
-        if _compiling():
+        if _compiling() or id(module) not in self._hooked_roots:
             return
         self._forward_depth = max(0, self._forward_depth - 1)
 

@@ -422,3 +422,21 @@ def test_context_manager_and_watch_of_several_models(tmp_path) -> None:
     assert hook.closed
     names = tl.open_run(hook.run_dir).tensor_names(collection="weights")
     assert names == ["weights/disc.weight", "weights/gen.weight"]
+
+
+def test_a_deepcopy_of_the_watched_model_is_not_watched(tmp_path) -> None:
+    import copy
+
+    hook, memory = make_hook(tmp_path, include_collections=["activations"])
+    model = mlp()
+    hook.register_module(model)
+    teacher = copy.deepcopy(model)  # an EMA/teacher copy carries the module's hook dicts along
+    teacher.eval()
+    x = torch.randn(2, 6)
+    with torch.no_grad():
+        teacher(x)  # must not open an eval step nor add activations
+    model(x).sum().backward()
+    hook.step()
+    hook.close()
+    assert [str(r.mode) for r in memory.records] == ["train"]
+    assert memory.records[0].scalar_dict()["activations/0/numel"] == 2 * 8
