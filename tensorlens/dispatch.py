@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import queue
 import threading
-import traceback
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -38,6 +37,7 @@ class _Channel:
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max_pending)
         self._warned = False
         self._opened = False
+        self._open_failed = False
         self._stalled = False
         self._thread = threading.Thread(target=self._loop, name=f"tensorlens-{backend.name}", daemon=True)
         self._thread.start()
@@ -68,7 +68,6 @@ class _Channel:
             return True
         except Exception as err:  # isolate any backend failure
             self._warn(f"failed in {what}: {type(err).__name__}: {err}")
-            self._last_error = traceback.format_exc()
             return False
 
     def _loop(self) -> None:
@@ -86,8 +85,10 @@ class _Channel:
                 assert isinstance(item, StepRecord)
                 if not self._opened:
                     self._opened = True
-                    if not self._call(lambda: self.backend.open(self._run), "open()"):
-                        self.backend = _Failed(self.backend)
+                    self._open_failed = not self._call(lambda: self.backend.open(self._run), "open()")
+                if self._open_failed:  # every record of a backend that could not open is a failure
+                    self.stats.failed += 1
+                    continue
                 record = _for_backend(item, self.backend)
                 if self._call(lambda record=record: self.backend.write(record), "write()"):
                     self.stats.written += 1
@@ -114,17 +115,6 @@ class _Channel:
         except queue.Full:
             return  # still stalled: leave its daemon thread behind rather than hang the caller
         self._thread.join(timeout)
-
-
-class _Failed(Backend):
-    """Stands in for a backend whose ``open()`` raised: every write then fails and is counted."""
-
-    def __init__(self, original: Backend) -> None:
-        self.name = original.name  # type: ignore[misc]
-        self.critical = original.critical  # type: ignore[misc]
-
-    def write(self, record: StepRecord) -> None:
-        raise RuntimeError("the backend could not be opened")
 
 
 def _for_backend(record: StepRecord, backend: Backend) -> StepRecord:
@@ -156,7 +146,15 @@ class Dispatcher:
         return [c.backend for c in self._channels]
 
     def stats(self) -> dict[str, BackendStats]:
-        return {c.backend.name: c.stats for c in self._channels}
+        """Counters per backend, keyed by name (``name#2``, ... for a second backend of one name)."""
+        out: dict[str, BackendStats] = {}
+        for channel in self._channels:
+            key, n = channel.backend.name, 1
+            while key in out:
+                n += 1
+                key = f"{channel.backend.name}#{n}"
+            out[key] = channel.stats
+        return out
 
     def submit(self, make_record: Callable[[], StepRecord]) -> None:
         if self._closed:

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tensorlens.modes import ModeKeys
-from tensorlens.run_store import connect, decode_array, store_files
+from tensorlens.run_store import connect, decode_array, decode_counts, decode_edges, store_files
 
 
 class TensorDescriptor(NamedTuple):
@@ -196,7 +196,7 @@ class TensorView:
         if not rows:
             raise TensorNotFound(f"no histogram of {self.name!r} at step {step}")
         counts, edges, info = rows[0]
-        return decode_array(counts), decode_array(edges), json.loads(info)
+        return decode_counts(counts), decode_edges(edges), json.loads(info)
 
 
 def open_run(path: str) -> Run:

@@ -87,6 +87,8 @@ class _HostHistogram:
     high: float
     scale: float
     dtype: np.dtype
+    data_low: float  # the binned values' own range, reported as min/max
+    data_high: float
     binned: int
     rejected: int
     underflow: int
@@ -123,8 +125,8 @@ class HostStatistics:
                         tensor=job.name,
                         counts=hist.counts,
                         edges=exact_edges(hist.low, hist.high, hist.scale, len(hist.counts), hist.dtype),
-                        min=hist.low,
-                        max=hist.high,
+                        min=hist.data_low,
+                        max=hist.data_high,
                         count=hist.binned,
                         sum=float(row[COL["sum"]]),
                         sum_squares=float(row[COL["sumsq"]]) if not math.isnan(row[COL["sumsq"]]) else float("nan"),
@@ -145,7 +147,8 @@ class _DeviceHistograms:
 
     index: list[int]  # job indices, one per row below
     counts: torch.Tensor  # int64 [G, bins]
-    extra: torch.Tensor  # float64 [G, 7]: low, high, scale, binned, rejected, underflow, overflow
+    # float64 [G, 9]: bin low, bin high, scale, data min, data max, binned, rejected, underflow, overflow
+    extra: torch.Tensor
     sampled: list[bool]
     dtype: torch.dtype  # the dtype values were binned in; the host derives exact edges in it
 
@@ -315,16 +318,19 @@ class StepStatistics:
                 sampled.append(sample.numel() < values[i].numel())
             if reducer is not None and any(metas[i].histogram.reject_outliers > 0 for i in members):
                 low, high = reducer.min_max(low, high)
+            data_low, data_high = low, high  # reported as the histogram's min/max, also with a fixed range
             if fixed is not None:
                 low, high = torch.full_like(low, fixed[0]), torch.full_like(high, fixed[1])
             low, high = histogram_range(low, high, dtype)  # also: no range (all NaN, empty) -> [-0.5, 0.5]
             counts, scale, below, above = histogram_counts(samples, low, high, bins, group_masks, clip=fixed is not None)
-            extra = torch.stack([low, high, scale, counts.sum(1), rejected, below, above]).to(torch.float64).T.contiguous()
+            extra = torch.stack(
+                [low, high, scale, data_low, data_high, counts.sum(1), rejected, below, above]
+            ).to(torch.float64).T.contiguous()
             if reducer is not None and any(partitioned[i] for i in members):  # agreed: same on every rank
                 # replicated tensors are identical on every rank: summing them would count world_size times
                 shared = torch.tensor([partitioned[i] for i in members], device=device)
                 counts = torch.where(shared[:, None], reducer.sum(counts), counts)
-                extra[:, 3:] = torch.where(shared[:, None], reducer.sum(extra[:, 3:]), extra[:, 3:])
+                extra[:, 5:] = torch.where(shared[:, None], reducer.sum(extra[:, 5:]), extra[:, 5:])
             out.append(_DeviceHistograms(members, counts, extra, sampled, dtype))
         return out
 
@@ -342,14 +348,14 @@ class StepStatistics:
             groups, bins = h.counts.shape
             counts = flat[offset : offset + groups * bins].reshape(groups, bins).astype(np.int64)
             offset += groups * bins
-            extra = flat[offset : offset + groups * 7].reshape(groups, 7)
-            offset += groups * 7
+            extra = flat[offset : offset + groups * 9].reshape(groups, 9)
+            offset += groups * 9
             dtype = np.dtype(str(h.dtype).removeprefix("torch."))
             for g, i in enumerate(h.index):
-                low, high, scale, binned, rejected, underflow, overflow = extra[g]
+                low, high, scale, data_low, data_high, binned, rejected, underflow, overflow = extra[g]
                 out[i] = _HostHistogram(
-                    counts[g].copy(), float(low), float(high), float(scale), dtype, int(binned), int(rejected),
-                    int(underflow), int(overflow), h.sampled[g],
+                    counts[g].copy(), float(low), float(high), float(scale), dtype, float(data_low), float(data_high),
+                    int(binned), int(rejected), int(underflow), int(overflow), h.sampled[g],
                 )
         return host_rows, out
 

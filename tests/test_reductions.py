@@ -241,3 +241,12 @@ def test_histogram_of_a_range_narrower_than_float32_can_split(offset: float, spr
     assert np.all(np.diff(h.edges) >= 0)
     np.testing.assert_array_equal(h.counts, np.histogram(tensor.double().numpy(), bins=h.edges)[0])
     assert h.counts.sum() == 5000
+
+
+def test_histogram_with_a_fixed_range_reports_the_data_range() -> None:
+    tensor = torch.tensor([-3.0, -0.25, 0.0, 0.5, 2.0])
+    _, hists, _ = compute([tensor], histogram=HistogramConfig(bins=4, range=(-1.0, 1.0)))
+    h = hists["t/0"]
+    assert (h.min, h.max) == (-3.0, 2.0)
+    assert h.edges[0] == -1.0 and h.edges[-1] == 1.0
+    assert (h.underflow, h.overflow, h.count) == (1, 1, 3)

@@ -79,6 +79,8 @@ def register_backend(name: str, backend: type[Backend]) -> None:
         raise expected("name", "a non-empty string", name)
     if not (isinstance(backend, type) and issubclass(backend, Backend)):
         raise expected("backend", "a subclass of tensorlens.Backend", backend)
+    if name == "local":  # the run store is what the reader, the CLI and every guarantee rely on
+        raise expected("name", 'a name other than "local" (the run store cannot be replaced)', name)
     _REGISTRY[name] = backend
 
 

@@ -1,0 +1,76 @@
+"""The overhead benchmark runs end to end in its quickest form and returns the documented JSON.
+
+No timing is asserted: wall-clock numbers belong to the benchmark, not to CI.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "overhead.py"
+
+
+@pytest.fixture(scope="module")
+def overhead():
+    spec = importlib.util.spec_from_file_location("tensorlens_benchmark_overhead", BENCHMARK)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def test_quick_run_returns_the_documented_structure(overhead, tmp_path):
+    config = overhead.BenchConfig(
+        models=["mlp"],
+        variants=["tl_full_every_step", "tl_full_every_100"],  # baseline is always added
+        steps=4,
+        block=2,
+        warmup=1,
+        threads=1,
+        memory=False,  # one subprocess below instead of one per variant: each pays torch's import
+        sync_steps=1,
+        quiet=True,
+    )
+    report = overhead.run_benchmark(config)
+    json.loads(json.dumps(report, default=str))  # JSON-ready as promised by --json
+
+    assert set(report) >= {"meta", "results", "targets", "skipped", "warnings"}
+    assert report["meta"]["torch_threads"] == 1
+    rows = {r["variant"]: r for r in report["results"]}
+    assert list(rows) == ["baseline", "tl_full_every_step", "tl_full_every_100"]
+    for row in rows.values():
+        assert row["model"] == "mlp" and row["steps"] == 4
+        for key in ("mean_ms", "median_ms", "ratio_mean", "ratio_median"):
+            assert row[key] > 0, key
+    assert rows["baseline"]["ratio_mean"] == 1.0
+
+    full, every100 = rows["tl_full_every_step"], rows["tl_full_every_100"]
+    # each hook counted exactly its own optimizer's steps, although all hooks are global
+    assert full["hook_steps_ok"] and every100["hook_steps_ok"]
+    assert full["saved_steps_measured"] == 4 and every100["saved_steps_measured"] == 0
+    assert full["host_copies_per_saved_step"] >= 1
+    assert full["sync_points_per_saved_step"] >= 1  # the one host copy is seen by the counter too
+    assert every100["sync_points_per_unsaved_step"] == 0  # an unsaved step never touches the host
+
+    names = {t["target"] for t in report["targets"]}
+    assert {"MLP full every step", "any model full every 100 steps", "steps not saved"} <= names
+    assert "Targets" in overhead.format_report(report)
+
+
+def test_peak_memory_is_measured_in_a_subprocess(overhead):
+    memory = overhead.measure_memory("mlp", "tl_full_every_step", steps=1, threads=1)
+    assert "error" not in memory, memory
+    assert memory["peak_rss_mb"] >= memory["footprint_mb"] > 0
+    assert memory["includes_saved_step"] is True
+    assert memory["rss_method"]
+
+
+def test_unknown_names_fail_early(overhead):
+    with pytest.raises(ValueError, match="Expected models"):
+        overhead.run_benchmark(overhead.BenchConfig(models=["resnet"], quiet=True))
