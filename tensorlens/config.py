@@ -173,8 +173,10 @@ class HistogramConfig:
 
     - ``range``: ``None`` for each tensor's own finite ``[min, max]``, or a fixed ``(low, high)``;
       values outside a fixed range are counted in ``underflow``/``overflow``, not binned.
-    - ``sample``: bin at most this many values per tensor, taken at a fixed stride
-      (every ``ceil(numel / sample)``-th value). Reductions always use every value.
+    - ``sample``: bin at most this many values per tensor (default 4096), every ``s``-th value
+      with ``s`` the smallest stride ``>= numel / sample`` that shares no factor with the last
+      dimension (so every column is visited). ``None`` bins every value: exact, and several
+      times slower on large tensors. Reductions always use every value.
     - ``reject_outliers``: the fraction of (sampled) values farthest from the median that are
       left out of the bins and the range (0.0 keeps all); they are counted in ``rejected``.
 
@@ -183,7 +185,7 @@ class HistogramConfig:
 
     bins: int = 64
     range: tuple[float, float] | None = None
-    sample: int | None = None
+    sample: int | None = 4096
     reject_outliers: float = 0.0
 
     def __post_init__(self) -> None:

@@ -363,12 +363,23 @@ def finalize(row: np.ndarray, stat_names: tuple[str, ...] | list[str]) -> dict[s
 # Histograms
 
 
-def strided_sample(values: torch.Tensor, sample: int | None) -> torch.Tensor:
-    """At most ``sample`` values taken at a fixed stride: ``values[::ceil(n / sample)]``."""
-    n = values.numel()
-    if sample is None or n <= sample:
-        return values
-    return values[:: -(-n // sample)]
+def sample_stride(numel: int, sample: int | None, period: int = 1) -> int:
+    """The stride of :func:`strided_sample`: the smallest ``s >= ceil(numel / sample)`` that shares
+    no factor with ``period`` (a tensor's last dimension), so that a strided sample of a matrix
+    visits every column instead of collapsing onto a few (a stride of 512 on a 512-wide weight
+    would take column 0 of every row)."""
+    if sample is None or numel <= sample:
+        return 1
+    stride = -(-numel // sample)
+    while period > 1 and math.gcd(stride, period) != 1:
+        stride += 1
+    return stride
+
+
+def strided_sample(values: torch.Tensor, sample: int | None, period: int = 1) -> torch.Tensor:
+    """At most ``sample`` values of a flat tensor, every :func:`sample_stride`-th one."""
+    stride = sample_stride(values.numel(), sample, period)
+    return values if stride == 1 else values[::stride]
 
 
 def reject_outliers(values: torch.Tensor, fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -412,14 +423,14 @@ def histogram_counts(
     masks: list[torch.Tensor | None] | None = None,
     clip: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Counts of every sample over its ``[low[g], high[g]]`` in ``bins`` bins, in one batched pass.
+    """Counts of every sample over its ``[low[g], high[g]]`` in ``bins`` bins, in one ``bincount``.
 
     A value ``x`` goes to bin ``min(floor((x - low) * scale), bins - 1)`` with
     ``scale = bins / (high - low)`` rounded to the values' dtype. A subtraction and a
     multiplication are each correctly rounded on every IEEE kernel, so this is a deterministic,
     monotone function of ``x``: :func:`exact_edges` finds, on the host, the exact values where it
-    changes bin, and numpy's ``np.histogram(values, bins=edges)`` reproduces the counts. (Binning
-    against rounded edges would need a correction pass with two gathers per value.)
+    changes bin, and ``np.histogram(values, bins=edges)`` reproduces the counts. (Binning against
+    rounded edges would need a correction pass with two gathers per value.)
 
     ``masks[g]`` (over sample ``g``) leaves values out. With ``clip`` (a fixed range), values
     outside ``[low, high]`` are not binned and are counted in ``below``/``above``; otherwise the
@@ -429,33 +440,36 @@ def histogram_counts(
     """
     groups = len(samples)
     device, dtype = low.device, low.dtype
-    lengths = torch.tensor([s.numel() for s in samples], device=device)
-    flat = torch.cat([s.reshape(-1).to(dtype) for s in samples])
     scale = (bins / (high.to(torch.float64) - low.to(torch.float64))).to(dtype)
-    position = (flat - torch.repeat_interleave(low, lengths, output_size=flat.numel())).mul_(
-        torch.repeat_interleave(scale, lengths, output_size=flat.numel())
-    )
-    index = position.nan_to_num_(0.0, float(bins - 1), 0.0).clamp_(0, bins - 1).to(torch.int64)
-    index += torch.repeat_interleave(torch.arange(groups, device=device) * bins, lengths, output_size=flat.numel())
-    keep = None
-    if masks is not None and any(m is not None for m in masks):
-        keep = torch.cat([torch.ones(s.numel(), dtype=torch.bool, device=device) if m is None else m.reshape(-1)
-                          for s, m in zip(samples, masks, strict=True)])
-    below = above = torch.zeros(groups, dtype=torch.int64, device=device)
-    if clip:
-        segment = torch.repeat_interleave(torch.arange(groups, device=device), lengths, output_size=flat.numel())
-        is_below = flat < torch.repeat_interleave(low, lengths, output_size=flat.numel())
-        is_above = flat > torch.repeat_interleave(high, lengths, output_size=flat.numel())
+    total = sum(s.numel() for s in samples)
+    trash = groups * bins  # the bin every value left out goes to (exact in float32 up to 2**24)
+    position = torch.empty(total, dtype=dtype, device=device)
+    below = torch.zeros(groups, dtype=torch.int64, device=device)
+    above = torch.zeros(groups, dtype=torch.int64, device=device)
+    offset = 0
+    # A few in-place ops per tensor into one buffer: expanding low/scale/offsets to every value
+    # (repeat_interleave) costs more than the binning itself.
+    for g, sample in enumerate(samples):
+        n = sample.numel()
+        out = position[offset : offset + n]
+        torch.sub(sample.reshape(-1).to(dtype), low[g], out=out).mul_(scale[g])
+        out.nan_to_num_(0.0, float(bins - 1), 0.0).clamp_(0, bins - 1).add_(g * bins)
+        keep = None if masks is None else masks[g]
+        if clip:
+            values = sample.reshape(-1)
+            is_below, is_above = values < low[g], values > high[g]
+            if keep is not None:
+                is_below &= keep.reshape(-1)
+                is_above &= keep.reshape(-1)
+            below[g] = is_below.sum()
+            above[g] = is_above.sum()
+            outside = is_below | is_above
+            keep = ~outside if keep is None else keep.reshape(-1) & ~outside
         if keep is not None:
-            is_below &= keep
-            is_above &= keep
-        below = torch.bincount(segment[is_below], minlength=groups)
-        above = torch.bincount(segment[is_above], minlength=groups)
-        outside = is_below | is_above
-        keep = ~outside if keep is None else keep & ~outside
-    if keep is not None:
-        index = torch.where(keep, index, torch.full_like(index, groups * bins))
-    counts = torch.bincount(index, minlength=groups * bins + 1)[: groups * bins].reshape(groups, bins)
+            out.masked_fill_(~keep.reshape(-1), trash)
+        offset += n
+    index = position.to(torch.int64)  # values are >= 0 here, so truncation is floor
+    counts = torch.bincount(index, minlength=trash + 1)[:trash].reshape(groups, bins)
     return counts, scale, below, above
 
 

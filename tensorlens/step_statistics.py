@@ -78,6 +78,7 @@ class _JobMeta:
     histogram: HistogramConfig | None
     plain_scalar: bool
     shape: tuple[int, ...] | None
+    period: int  # the last dimension: histogram samples stride across it (see sample_stride)
 
 
 @dataclasses.dataclass
@@ -208,6 +209,7 @@ class StepStatistics:
                 job.histogram if job.histogram is not None and job.histogram.enabled and not job.plain_scalar else None,
                 job.plain_scalar,
                 _shape_of(job) if job.save_shape else None,
+                int(job.pieces[0].shape[-1]) if job.pieces and job.pieces[0].dim() > 0 else 1,
             )
             for job in jobs
         ]
@@ -247,7 +249,7 @@ class StepStatistics:
             shared_again = [i for i in again if partitioned[i]] if reducer is not None else []
             low, high, masks = [], [], {}
             for i in again:
-                sample = strided_sample(values[i], metas[i].histogram.sample)
+                sample = strided_sample(values[i], metas[i].histogram.sample, metas[i].period)
                 is_finite = torch.isfinite(sample)
                 masks[i] = is_finite
                 # an empty sample (a rank without this tensor) must not move the agreed range: +-inf
@@ -304,7 +306,7 @@ class StepStatistics:
             rejected = torch.zeros(len(members), dtype=torch.float64, device=device)
             for g, i in enumerate(members):
                 config = metas[i].histogram
-                sample = strided_sample(values[i], config.sample)
+                sample = strided_sample(values[i], config.sample, metas[i].period)
                 mask = masks.get(i) if masks else None
                 if config.reject_outliers > 0.0:  # rare: a per-tensor median and quantile
                     kept, n_rejected = reject_outliers(sample, config.reject_outliers)

@@ -111,7 +111,7 @@ def test_large_offset_does_not_cancel() -> None:
 def test_nan_and_inf_are_counted_and_propagate_like_numpy(dtype: torch.dtype) -> None:
     tensor = torch.tensor([1.0, float("nan"), -2.0, float("inf"), 0.0, float("-inf"), float("nan")], dtype=dtype)
     check_against_numpy(tensor)
-    values, hists, engine = compute([tensor], histogram=HistogramConfig(bins=4))
+    values, hists, engine = compute([tensor], histogram=HistogramConfig(sample=None, bins=4))
     assert values[("t/0", "nan_count")] == 2
     assert values[("t/0", "inf_count")] == 2
     assert math.isnan(values[("t/0", "mean")])
@@ -127,7 +127,7 @@ def test_only_inf_propagates_like_numpy() -> None:
 
 
 def test_all_nan_tensor() -> None:
-    values, hists, _ = compute([torch.full((5,), float("nan"))], histogram=HistogramConfig(bins=8))
+    values, hists, _ = compute([torch.full((5,), float("nan"))], histogram=HistogramConfig(sample=None, bins=8))
     assert values[("t/0", "nan_count")] == 5
     assert hists["t/0"].counts.sum() == 0
 
@@ -177,7 +177,7 @@ def test_partials_merge_exactly() -> None:
 def test_histogram_counts_equal_numpy_with_the_reported_edges(dtype: torch.dtype, bins: int) -> None:
     torch.manual_seed(3)
     tensor = (torch.randn(20_000) * 2).to(dtype)
-    _, hists, _ = compute([tensor], histogram=HistogramConfig(bins=bins))
+    _, hists, _ = compute([tensor], histogram=HistogramConfig(sample=None, bins=bins))
     h = hists["t/0"]
     values = tensor.to(torch.float64).numpy()
     assert h.edges[0] == values.min() and h.edges[-1] == values.max()
@@ -187,13 +187,13 @@ def test_histogram_counts_equal_numpy_with_the_reported_edges(dtype: torch.dtype
 
 def test_histogram_of_values_on_the_edges() -> None:
     tensor = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0, 1.0, 0.1, 0.3])
-    _, hists, _ = compute([tensor], histogram=HistogramConfig(bins=4))
+    _, hists, _ = compute([tensor], histogram=HistogramConfig(sample=None, bins=4))
     h = hists["t/0"]
     np.testing.assert_array_equal(h.counts, np.histogram(tensor.double().numpy(), bins=h.edges)[0])
 
 
 def test_histogram_of_constant_and_empty_tensors() -> None:
-    _, hists, _ = compute([torch.full((10,), 2.0), torch.empty(0), torch.tensor(5.0)], histogram=HistogramConfig(bins=3))
+    _, hists, _ = compute([torch.full((10,), 2.0), torch.empty(0), torch.tensor(5.0)], histogram=HistogramConfig(sample=None, bins=3))
     np.testing.assert_allclose(hists["t/0"].edges[[0, -1]], [1.5, 2.5])  # numpy widens a point range by 0.5
     assert hists["t/0"].counts.tolist() == [0, 10, 0]
     assert hists["t/1"].counts.sum() == 0
@@ -221,9 +221,28 @@ def test_histogram_sampling_is_a_documented_stride_and_reductions_stay_exact() -
     assert values[("t/0", "max")] == tensor.max().item()
 
 
+def test_sample_stride_visits_every_column_of_a_matrix() -> None:
+    from tensorlens.reductions import sample_stride
+
+    assert sample_stride(512 * 512, 512, period=512) == 513  # 512 would take column 0 of every row
+    assert sample_stride(100, None, period=10) == 1
+    assert sample_stride(100, 200, period=10) == 1
+    weight = torch.arange(512 * 512, dtype=torch.float32).reshape(512, 512)
+    _, hists, _ = compute([weight], histogram=HistogramConfig(bins=8, sample=512))
+    columns = torch.arange(0, 512 * 512, 513) % 512
+    assert hists["t/0"].count == len(columns) and len(set(columns.tolist())) == 512
+
+
+def test_default_histograms_sample_4096_values() -> None:
+    assert HistogramConfig().sample == 4096
+    _, hists, _ = compute([torch.randn(256, 300), torch.randn(100)], histogram=HistogramConfig())
+    assert hists["t/0"].sampled and hists["t/0"].count <= 4096
+    assert not hists["t/1"].sampled and hists["t/1"].count == 100
+
+
 def test_histogram_outlier_rejection() -> None:
     tensor = torch.cat([torch.randn(990), torch.full((10,), 1e6)])
-    _, hists, _ = compute([tensor], histogram=HistogramConfig(bins=8, reject_outliers=0.01))
+    _, hists, _ = compute([tensor], histogram=HistogramConfig(sample=None, bins=8, reject_outliers=0.01))
     h = hists["t/0"]
     assert h.rejected == 10 and h.counts.sum() == 990
     assert h.edges[-1] < 100  # the range follows the kept values
@@ -236,7 +255,7 @@ def test_histogram_of_a_range_narrower_than_float32_can_split(offset: float, spr
     # value is counted exactly where numpy puts it with the reported edges
     torch.manual_seed(5)
     tensor = (torch.rand(5000, dtype=torch.float64) * spread + offset).float()
-    _, hists, _ = compute([tensor], histogram=HistogramConfig(bins=512))
+    _, hists, _ = compute([tensor], histogram=HistogramConfig(sample=None, bins=512))
     h = hists["t/0"]
     assert np.all(np.diff(h.edges) >= 0)
     np.testing.assert_array_equal(h.counts, np.histogram(tensor.double().numpy(), bins=h.edges)[0])
