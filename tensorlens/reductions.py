@@ -453,7 +453,8 @@ def histogram_counts(
         n = sample.numel()
         out = position[offset : offset + n]
         torch.sub(sample.reshape(-1).to(dtype), low[g], out=out).mul_(scale[g])
-        out.nan_to_num_(0.0, float(bins - 1), 0.0).clamp_(0, bins - 1).add_(g * bins)
+        # floor before adding the group's offset: 2.9999999 + 3200 would round up a bin in float32
+        out.nan_to_num_(0.0, float(bins - 1), 0.0).clamp_(0, bins - 1).floor_().add_(g * bins)
         keep = None if masks is None else masks[g]
         if clip:
             values = sample.reshape(-1)
@@ -468,33 +469,49 @@ def histogram_counts(
         if keep is not None:
             out.masked_fill_(~keep.reshape(-1), trash)
         offset += n
-    index = position.to(torch.int64)  # values are >= 0 here, so truncation is floor
+    index = position.to(torch.int64)  # whole numbers below 2**24: exact
     counts = torch.bincount(index, minlength=trash + 1)[:trash].reshape(groups, bins)
     return counts, scale, below, above
 
 
-def exact_edges(low: float, high: float, scale: float, bins: int, dtype: np.dtype) -> np.ndarray:
-    """The ``bins + 1`` edges (float64) at which :func:`histogram_counts` changes bin.
+def _ordered_bits(x: np.ndarray) -> np.ndarray:
+    """Floats as int64 keys whose order is the floats' order (an involution: it is its own inverse
+    on the bit pattern), so a bisection over keys is a bisection over representable values."""
+    signed = np.int32 if x.dtype == np.float32 else np.int64
+    bits = x.view(signed).astype(np.int64)
+    return np.where(bits < 0, bits ^ np.int64(np.iinfo(signed).max), bits)
 
-    Edge ``i`` is the smallest ``x`` of ``dtype`` with ``floor((x - low) * scale) >= i``, found
-    from the real-valued estimate by a few ``nextafter`` steps in exactly the arithmetic the
-    device used; edge 0 is ``low`` and the last is ``high`` (the last bin is closed). Bins too
-    narrow for ``dtype`` come out empty, with equal edges, which numpy accepts.
+
+def _from_ordered_bits(keys: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    signed = np.int32 if dtype == np.float32 else np.int64
+    bits = np.where(keys < 0, keys ^ np.int64(np.iinfo(signed).max), keys).astype(signed)
+    return bits.view(dtype)
+
+
+def exact_edges(low: np.ndarray, high: np.ndarray, scale: np.ndarray, bins: int, dtype: np.dtype) -> np.ndarray:
+    """The edges ``[G, bins + 1]`` (float64) at which :func:`histogram_counts` changes bin.
+
+    Edge ``i`` of histogram ``g`` is the smallest value ``x`` of ``dtype`` in ``[low, high]`` with
+    ``floor((x - low) * scale) >= i``, evaluated in exactly the arithmetic the device used. The
+    bin is a monotone function of ``x``, so a bisection over the ordered bit patterns finds every
+    edge of every histogram at once in 32 (float32) or 64 (float64) vectorised steps. Edge 0 is
+    ``low`` and the last is ``high`` (the last bin is closed); bins too narrow for ``dtype`` come
+    out empty, with equal edges, which numpy accepts.
     """
-    lo, hi, sc = dtype.type(low), dtype.type(high), dtype.type(scale)
-    target = np.arange(1, bins, dtype=np.float64)
+    dtype = np.dtype(dtype)
+    lo = np.asarray(low, dtype=np.float64).astype(dtype)[:, None]
+    hi = np.asarray(high, dtype=np.float64).astype(dtype)[:, None]
+    sc = np.asarray(scale, dtype=np.float64).astype(dtype)[:, None]
+    target = np.arange(1, bins, dtype=np.float64)[None, :]
+    left = np.broadcast_to(_ordered_bits(lo), (lo.shape[0], bins - 1)).copy()
+    right = np.broadcast_to(_ordered_bits(hi), left.shape).copy()
     with np.errstate(all="ignore"):
-        candidate = np.clip((float(lo) + target / float(sc)).astype(dtype), lo, hi)
-
-        def bin_of(x: np.ndarray) -> np.ndarray:
-            return np.floor((x - lo) * sc)
-
-        for step_towards in (-np.inf, np.inf):  # down until below the edge, then up onto it
-            for _ in range(1000):
-                move = bin_of(candidate) >= target if step_towards < 0 else bin_of(candidate) < target
-                move &= (candidate > lo) if step_towards < 0 else (candidate < hi)
-                if not move.any():
-                    break
-                candidate[move] = np.nextafter(candidate[move], dtype.type(step_towards))
-    edges = np.concatenate([[lo], np.minimum(candidate, hi), [hi]]).astype(np.float64)
-    return np.maximum.accumulate(edges)
+        for _ in range(8 * dtype.itemsize):  # invariant: the edge lies in [left, right]
+            middle = (left >> 1) + (right >> 1) + (left & right & 1)  # floor((l + r) / 2) without overflow
+            x = _from_ordered_bits(middle, dtype)
+            reached = np.floor((x - lo) * sc) >= target  # float32 ops stay float32, as on the device
+            right = np.where(reached, middle, right)
+            left = np.where(reached, left, middle + 1)
+    inner = _from_ordered_bits(right, dtype).astype(np.float64)
+    edges = np.concatenate([lo.astype(np.float64), inner, hi.astype(np.float64)], axis=1)
+    return np.maximum.accumulate(edges, axis=1)

@@ -106,11 +106,27 @@ class HostStatistics:
     histograms: dict[int, _HostHistogram]
     raw: dict[int, np.ndarray]
 
+    def _edges(self) -> dict[int, np.ndarray]:
+        """Exact edges of every histogram, found together per (bins, dtype)."""
+        groups: dict[tuple[int, np.dtype], list[int]] = {}
+        for i, hist in self.histograms.items():
+            groups.setdefault((len(hist.counts), hist.dtype), []).append(i)
+        out = {}
+        for (bins, dtype), members in groups.items():
+            hists = [self.histograms[i] for i in members]
+            edges = exact_edges(
+                np.array([h.low for h in hists]), np.array([h.high for h in hists]), np.array([h.scale for h in hists]),
+                bins, dtype,
+            )
+            out.update(zip(members, edges, strict=True))
+        return out
+
     def entries(self) -> tuple[list[ScalarEntry], list[HistogramEntry], list[TensorEntry], dict[str, tuple[int, ...]]]:
         scalars: list[ScalarEntry] = []
         histograms: list[HistogramEntry] = []
         tensors = [TensorEntry(self.jobs[i].name, value) for i, value in self.raw.items()]
         shapes = {job.name: job.shape for job in self.jobs if job.shape is not None}
+        edges = self._edges()
         for i, job in enumerate(self.jobs):
             row = self.rows[i]
             if job.plain_scalar:  # a scalar called several times in a step is recorded as the mean
@@ -125,7 +141,7 @@ class HostStatistics:
                     HistogramEntry(
                         tensor=job.name,
                         counts=hist.counts,
-                        edges=exact_edges(hist.low, hist.high, hist.scale, len(hist.counts), hist.dtype),
+                        edges=edges[i],
                         min=hist.data_low,
                         max=hist.data_high,
                         count=hist.binned,

@@ -269,3 +269,27 @@ def test_histogram_with_a_fixed_range_reports_the_data_range() -> None:
     assert (h.min, h.max) == (-3.0, 2.0)
     assert h.edges[0] == -1.0 and h.edges[-1] == 1.0
     assert (h.underflow, h.overflow, h.count) == (1, 1, 3)
+
+
+def test_histogram_edges_near_zero_are_exact() -> None:
+    # (x - low) rounds to -low for every |x| below half an ulp of low: the edge near 0 of a
+    # symmetric range is where that stops, about -3e-8 for low = -1, not 0
+    tiny = [-3e-8, -2.9e-8, -1e-9, -1e-30, -0.0, 0.0, 1e-30, 1e-9, 2.9e-8, 3e-8]
+    tensor = torch.tensor([-1.0, 1.0, *tiny, -0.5, 0.5, -0.49999997, 0.49999997])
+    for config in (HistogramConfig(sample=None, bins=4), HistogramConfig(sample=None, bins=4, range=(-1.0, 1.0))):
+        _, hists, _ = compute([tensor], histogram=config)
+        h = hists["t/0"]
+        np.testing.assert_array_equal(h.counts, np.histogram(tensor.double().numpy(), bins=h.edges)[0])
+        assert h.counts.sum() == tensor.numel()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_exact_edges_on_random_ranges(dtype: torch.dtype) -> None:
+    generator = torch.Generator().manual_seed(7)
+    for _ in range(20):
+        center = (torch.rand((), generator=generator, dtype=torch.float64) - 0.5) * 10 ** torch.randint(-3, 6, (), generator=generator)
+        spread = 10 ** torch.randint(-6, 3, (), generator=generator).double()
+        tensor = (center + spread * torch.randn(3000, generator=generator, dtype=torch.float64)).to(dtype)
+        _, hists, _ = compute([tensor], histogram=HistogramConfig(sample=None, bins=int(torch.randint(1, 513, (), generator=generator))))
+        h = hists["t/0"]
+        np.testing.assert_array_equal(h.counts, np.histogram(tensor.double().numpy(), bins=h.edges)[0])
