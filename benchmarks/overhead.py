@@ -1,0 +1,982 @@
+"""Overhead of tensorlens on a training step, against a plain loop and against ``wandb.watch``.
+
+Run it from the repository root::
+
+    python benchmarks/overhead.py                 # every model and variant, readable table
+    python benchmarks/overhead.py --quick         # the MLP, a few steps: checks that it runs
+    python benchmarks/overhead.py --json > out.json
+    python benchmarks/overhead.py --models mlp --variants baseline tl_full_every_step --steps 300
+
+Method (why it is built this way):
+
+- Each variant gets its own model (a deep copy of one seeded template, so the same init) and its
+  own Adam optimizer; the same pre-generated synthetic batches are cycled for every variant.
+- Variants are interleaved in blocks inside one process: each round runs ``--block`` steps of
+  every variant, in an order rotated by one each round. A load spike from a neighbour on a
+  shared machine then hits all variants alike, and ratios are taken against the baseline
+  measured in the same rounds. A second, identical baseline (``baseline_control``) is an A/A
+  control: its distance from 1.0× is the noise floor of the run.
+- A step is ``zero_grad, forward, loss, backward, optimizer.step`` timed with ``perf_counter``.
+  At the end of a tensorlens block ``hook.flush()`` is timed too and charged to that block, so
+  work tensorlens defers to its background threads is neither hidden nor leaked into the next
+  variant's block. The mean includes it; the median (of single steps) does not.
+- tensorlens hooks are global optimizer hooks: a :class:`tensorlens.Hook` binds to the *first*
+  optimizer that steps after it is created. Each variant's hook is therefore created right
+  before that variant's own warm-up steps, and ``hook.global_step`` is checked at the end
+  against the steps that variant took (``hook_steps_ok``).
+- ``wandb.watch`` runs in one offline run (``WANDB_MODE=offline``, a temporary ``dir``, system
+  stats off); its service process works in the background, so the CPU time of child processes
+  during each variant's blocks is reported too (``background_cpu_ms_per_step``).
+- Peak memory: one fresh subprocess per (model, variant). It imports everything, builds the model,
+  optimizer and instrumentation, resets the kernel's RSS high-water mark
+  (``/proc/self/clear_refs``), trains a few steps that include a saved one, and reads ``VmHWM``.
+  ``footprint`` is that peak minus the RSS measured just before the model was built, so the size
+  of the imported libraries (wandb's are large) does not blur the comparison. Where the mark
+  cannot be reset, ``ru_maxrss`` of the child is used instead (``rss_method`` says which).
+- Host syncs: ``hook.host_copies`` per saved step for tensorlens. In addition, one short pass
+  per variant counts Python-level sync points (``Tensor.item``, ``.cpu``, ``.tolist``, ``bool``,
+  ``float``, ``int``) with the methods wrapped, minus what the plain loop does (Adam itself calls
+  ``.item()`` on its step counters). On a CPU machine these are not real device syncs, but they
+  are exactly the places that block on a GPU. Syncs inside C++ kernels are not visible here.
+- ``--profile`` adds a per-op breakdown (``torch.profiler``, tensorlens step minus baseline step)
+  and a per-function breakdown of tensorlens's own code (``cProfile``) for the full-every-step
+  variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import cProfile
+import dataclasses
+import io
+import json
+import math
+import os
+import platform
+import pstats
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+import tensorlens as tl
+
+# --------------------------------------------------------------------------------------------
+# Models
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    label: str
+    build: Callable[[], nn.Module]
+    make_batch: Callable[[torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    default_steps: int  # measured steps per variant in a full run
+
+
+def _mlp() -> nn.Module:
+    layers: list[nn.Module] = []
+    for _ in range(8):
+        layers += [nn.Linear(512, 512), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(512, 10))
+
+
+VOCAB = 1000
+SEQUENCE = 64
+
+
+class _TransformerLM(nn.Module):
+    """Token embedding, ``nn.TransformerEncoder`` (PyTorch defaults: feed-forward 2048, dropout
+    0.1), a per-token vocabulary head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 256)
+        layer = nn.TransformerEncoderLayer(d_model=256, nhead=4, batch_first=True)
+        # the nested-tensor fast path only applies to inference; turning it off silences a warning
+        self.encoder = nn.TransformerEncoder(layer, num_layers=6, enable_nested_tensor=False)
+        self.head = nn.Linear(256, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(tokens)))
+
+
+def _convnet() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(128 * 4 * 4, 10),
+    )  # fmt: skip
+
+
+def _classes(n: int) -> Callable[[torch.Generator], torch.Tensor]:
+    return lambda g: torch.randint(0, 10, (n,), generator=g)
+
+
+def _token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+
+
+MODELS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec(
+            "mlp", "MLP 8x(Linear 512 + ReLU), batch 64", _mlp,
+            lambda g: (torch.randn(64, 512, generator=g), _classes(64)(g)),
+            nn.functional.cross_entropy, 400,
+        ),
+        ModelSpec(
+            "transformer", "TransformerEncoder 6 layers, d 256, 4 heads, seq 64, batch 16", _TransformerLM,
+            lambda g: (torch.randint(0, VOCAB, (16, SEQUENCE), generator=g), torch.randint(0, VOCAB, (16, SEQUENCE), generator=g)),
+            _token_loss, 200,
+        ),
+        ModelSpec(
+            "convnet", "ConvNet 3 conv + linear, 32x32, batch 32", _convnet,
+            lambda g: (torch.randn(32, 3, 32, 32, generator=g), _classes(32)(g)),
+            nn.functional.cross_entropy, 400,
+        ),
+    )
+}  # fmt: skip
+
+# --------------------------------------------------------------------------------------------
+# Variants
+
+FULL_COLLECTIONS = ("weights", "biases", "gradients", "activations")
+
+
+@dataclasses.dataclass(frozen=True)
+class VariantSpec:
+    name: str
+    label: str
+    kind: str  # "baseline", "tensorlens" or "wandb"
+    save_interval: int | None  # None: records nothing
+
+
+VARIANTS: dict[str, VariantSpec] = {
+    v.name: v
+    for v in (
+        VariantSpec("baseline", "no instrumentation", "baseline", None),
+        VariantSpec("baseline_control", "no instrumentation (A/A control)", "baseline", None),
+        VariantSpec("tl_default", "tl.watch(model) (every 100)", "tensorlens", 100),
+        VariantSpec("tl_full_every_step", "tl full + 64-bin hist, every step", "tensorlens", 1),
+        VariantSpec("tl_full_every_100", "tl full + 64-bin hist, every 100", "tensorlens", 100),
+        VariantSpec("wandb_all_every_step", 'wandb.watch(log="all", log_freq=1)', "wandb", 1),
+        VariantSpec("wandb_all_every_100", 'wandb.watch(log="all", log_freq=100)', "wandb", 100),
+        # opt-in: every value binned (HistogramConfig(sample=None)), to price exact histograms
+        VariantSpec("tl_full_exact_every_step", "tl full + exact 64-bin hist, every step", "tensorlens", 1),
+    )
+}
+#: What a run measures unless ``--variants`` says otherwise.
+DEFAULT_VARIANTS = tuple(name for name in VARIANTS if name != "tl_full_exact_every_step")
+
+
+class Instrument:
+    """What a variant attaches to its model; ``saves(step)`` says whether optimizer step ``step``
+    (0-based, counted for this variant only) records something."""
+
+    hook: tl.Hook | None = None
+
+    def __init__(self, spec: VariantSpec) -> None:
+        self.spec = spec
+
+    def saves(self, step: int) -> bool:
+        return False
+
+    def settle(self) -> None:
+        """Finish work deferred to background threads (timed, charged to the variant)."""
+
+    def close(self) -> None:
+        pass
+
+
+class TensorlensInstrument(Instrument):
+    def __init__(self, spec: VariantSpec, model: nn.Module, out_dir: str) -> None:
+        super().__init__(spec)
+        if spec.name == "tl_default":
+            # the one-line default; backends given so an active wandb run is not picked up by "auto"
+            self.hook = tl.watch(model, backends=["local"], out_dir=out_dir)
+        else:
+            # bins=64 with the version's default sampling, or every value for the "exact" variant
+            histograms = tl.HistogramConfig(bins=64, sample=None) if "exact" in spec.name else tl.HistogramConfig(bins=64)
+            self.hook = tl.watch(
+                model,
+                collections=list(FULL_COLLECTIONS),
+                save_interval=spec.save_interval or 1,
+                histograms=histograms,
+                backends=["local"],
+                out_dir=out_dir,
+            )
+        self.interval = spec.save_interval or 1
+
+    def saves(self, step: int) -> bool:
+        return step % self.interval == 0  # SaveConfig: step 0, interval, 2 * interval, ...
+
+    def settle(self) -> None:
+        assert self.hook is not None
+        self.hook.flush()
+
+    def close(self) -> None:
+        if self.hook is not None:
+            self.hook.close()
+
+
+class WandbInstrument(Instrument):
+    def __init__(self, spec: VariantSpec, model: nn.Module) -> None:
+        super().__init__(spec)
+        import wandb
+
+        self.model = model
+        self.interval = spec.save_interval or 1
+        wandb.watch(model, log="all", log_freq=self.interval)
+
+    def saves(self, step: int) -> bool:
+        # wandb counts calls and logs on the log_freq-th one: forward calls 1*f, 2*f, ...
+        return (step + 1) % self.interval == 0
+
+    def close(self) -> None:
+        import wandb
+
+        with contextlib.suppress(Exception):
+            wandb.unwatch(self.model)
+
+
+def wandb_available() -> bool:
+    try:
+        import wandb  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def wandb_offline_run(work_dir: str) -> Iterator[Any]:
+    """One offline W&B run for every wandb variant of this process."""
+    os.environ["WANDB_MODE"] = "offline"
+    os.environ.setdefault("WANDB_SILENT", "true")
+    import wandb
+
+    settings = wandb.Settings(console="off", x_disable_stats=True, disable_git=True, save_code=False, silent=True)
+    run = wandb.init(project="tensorlens-overhead", dir=work_dir, settings=settings, reinit="finish_previous")
+    try:
+        yield run
+    finally:
+        run.finish()
+
+
+# --------------------------------------------------------------------------------------------
+# One variant's training loop
+
+
+class Trainer:
+    def __init__(self, model_spec: ModelSpec, variant: VariantSpec, template: nn.Module,
+                 batches: list[tuple[torch.Tensor, torch.Tensor]], work_dir: str) -> None:
+        self.variant = variant
+        self.model = copy.deepcopy(template)
+        self.model.train()
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-3)
+        self.loss_fn = model_spec.loss
+        self.batches = batches
+        self.steps = 0
+        if variant.kind == "tensorlens":
+            self.instrument: Instrument = TensorlensInstrument(
+                variant, self.model, os.path.join(work_dir, f"{model_spec.name}-{variant.name}")
+            )
+        elif variant.kind == "wandb":
+            self.instrument = WandbInstrument(variant, self.model)
+        else:
+            self.instrument = Instrument(variant)
+
+    def step(self) -> None:
+        x, y = self.batches[self.steps % len(self.batches)]
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.loss_fn(self.model(x), y)
+        loss.backward()
+        self.optimizer.step()
+        self.steps += 1
+
+
+def _make_batches(spec: ModelSpec, count: int = 4, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [spec.make_batch(g) for _ in range(count)]
+
+
+def _template(spec: ModelSpec, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return spec.build()
+
+
+# --------------------------------------------------------------------------------------------
+# Background CPU of child processes (the wandb service), from /proc
+
+
+def _descendants_cpu_seconds() -> float | None:
+    """utime + stime of every live descendant process; None without /proc."""
+    if not os.path.isdir("/proc"):
+        return None
+    parent_of: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                raw = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        fields = raw[raw.rfind(")") + 2 :].split()  # the command name may hold spaces
+        pid = int(entry)
+        parent_of[pid] = int(fields[1])
+        cpu[pid] = (int(fields[11]) + int(fields[12])) / tick
+    me = os.getpid()
+    total = 0.0
+    for pid in cpu:
+        p, hops = parent_of.get(pid), 0
+        while p and p != me and hops < 64:
+            p, hops = parent_of.get(p), hops + 1
+        if p == me:
+            total += cpu[pid]
+    return total
+
+
+# --------------------------------------------------------------------------------------------
+# Counting Python-level host sync points
+
+SYNC_METHODS = ("item", "tolist", "cpu", "__bool__", "__float__", "__int__")
+
+
+@contextlib.contextmanager
+def count_sync_points() -> Iterator[Counter[str]]:
+    """Count calls of the Tensor methods that block on a device, from every thread.
+
+    A ``TorchFunctionMode`` would miss calls made inside autograd hooks (where ``wandb.watch``
+    computes gradient histograms), so the methods are wrapped on the class for the duration.
+    """
+    counts: Counter[str] = Counter()
+    own = {name: torch.Tensor.__dict__.get(name) for name in SYNC_METHODS}
+    original = {name: getattr(torch.Tensor, name) for name in SYNC_METHODS}
+
+    def counting(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            counts[name] += 1
+            return fn(self, *args, **kwargs)
+
+        return wrapper
+
+    for name in SYNC_METHODS:
+        setattr(torch.Tensor, name, counting(name, original[name]))
+    try:
+        yield counts
+    finally:
+        for name in SYNC_METHODS:
+            if own[name] is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, own[name])
+
+
+def _sync_pass(trainer: Trainer, steps: int) -> tuple[list[int], list[bool]]:
+    """Sync points of each of ``steps`` steps (with their flush), and whether each was saved."""
+    per_step, saved = [], []
+    for _ in range(steps):
+        saved.append(trainer.instrument.saves(trainer.steps))
+        with count_sync_points() as counts:
+            trainer.step()
+            trainer.instrument.settle()
+        per_step.append(sum(counts.values()))
+    return per_step, saved
+
+
+# --------------------------------------------------------------------------------------------
+# Memory: one subprocess per (model, variant)
+
+
+def _rss_kb(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def memory_child(model_name: str, variant_name: str, steps: int, threads: int) -> dict[str, Any]:
+    """Runs inside the subprocess: peak RSS while training ``steps`` steps of one variant."""
+    torch.set_num_threads(threads)
+    spec, variant = MODELS[model_name], VARIANTS[variant_name]
+    work_dir = tempfile.mkdtemp(prefix="tl-bench-mem-")
+    try:
+        with contextlib.ExitStack() as stack:
+            if variant.kind == "wandb":
+                stack.enter_context(wandb_offline_run(work_dir))
+            batches = _make_batches(spec)
+            rss_before_model = _rss_kb("VmRSS")
+            trainer = Trainer(spec, variant, _template(spec), batches, work_dir)
+            method = "VmHWM after /proc/self/clear_refs"
+            try:
+                with open("/proc/self/clear_refs", "w") as f:
+                    f.write("5")  # resets the RSS high-water mark to the current RSS
+            except OSError:
+                method = "ru_maxrss (high-water mark could not be reset: includes imports)"
+            for _ in range(steps):
+                trainer.step()
+            trainer.instrument.settle()
+            peak_kb = _rss_kb("VmHWM") if method.startswith("VmHWM") else None
+            if peak_kb is None:
+                peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                method = "ru_maxrss (high-water mark could not be reset: includes imports)"
+            trainer.instrument.close()
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    return {
+        "peak_rss_mb": peak_kb / 1024,
+        "rss_before_model_mb": (rss_before_model or 0) / 1024,
+        "footprint_mb": (peak_kb - (rss_before_model or 0)) / 1024,
+        "steps": steps,
+        "includes_saved_step": any(trainer.instrument.saves(i) for i in range(steps)) if variant.save_interval else None,
+        "rss_method": method,
+    }
+
+
+def measure_memory(model_name: str, variant_name: str, steps: int, threads: int) -> dict[str, Any]:
+    env = dict(os.environ)
+    env.setdefault("WANDB_MODE", "offline")
+    command = [sys.executable, os.path.abspath(__file__), "--memory-child", model_name, variant_name,
+               "--steps", str(steps), "--threads", str(threads)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return {"error": (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]}
+    return json.loads(lines[-1])
+
+
+# --------------------------------------------------------------------------------------------
+# The interleaved measurement
+
+
+@dataclasses.dataclass
+class BenchConfig:
+    models: Sequence[str] = ("mlp", "transformer", "convnet")
+    variants: Sequence[str] = DEFAULT_VARIANTS
+    steps: int | None = None  # measured steps per variant; None: each model's default
+    block: int = 10
+    warmup: int = 10
+    threads: int = 2
+    memory: bool = True
+    memory_steps: int = 12
+    quick_memory: bool = False  # do not extend wandb's memory run to its first logged step
+    sync_steps: int = 2
+    profile: bool = False
+    profile_steps: int = 20
+    quiet: bool = False
+
+
+def _log(config: BenchConfig, message: str) -> None:
+    if not config.quiet:
+        print(message, file=sys.stderr, flush=True)
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    k = (len(ordered) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def measure_model(spec: ModelSpec, variants: Sequence[VariantSpec], config: BenchConfig, work_dir: str) -> list[dict[str, Any]]:
+    steps = config.steps or spec.default_steps
+    block = max(1, min(config.block, steps))
+    rounds = max(1, math.ceil(steps / block))
+    batches = _make_batches(spec)
+    template = _template(spec)
+
+    trainers: list[Trainer] = []
+    for variant in variants:
+        trainer = Trainer(spec, variant, template, batches, work_dir)
+        # warm up now: the hook just created binds to the first optimizer that steps, i.e. this one
+        for _ in range(config.warmup):
+            trainer.step()
+        trainer.instrument.settle()
+        trainers.append(trainer)
+
+    times: dict[str, list[float]] = {v.name: [] for v in variants}
+    saved: dict[str, list[bool]] = {v.name: [] for v in variants}
+    settle: dict[str, float] = dict.fromkeys(times, 0.0)
+    background: dict[str, float] = dict.fromkeys(times, 0.0)
+    block_means: dict[str, list[float]] = {v.name: [] for v in variants}
+    has_background = _descendants_cpu_seconds() is not None
+    _log(config, f"[{spec.name}] {len(variants)} variants x {rounds} rounds x {block} steps (warm-up {config.warmup})")
+    started = time.perf_counter()
+    for r in range(rounds):
+        shift = r % len(trainers)
+        for trainer in trainers[shift:] + trainers[:shift]:
+            name = trainer.variant.name
+            cpu_before = _descendants_cpu_seconds() if has_background else None
+            block_total = 0.0
+            for _ in range(block):
+                saved[name].append(trainer.instrument.saves(trainer.steps))
+                t0 = time.perf_counter()
+                trainer.step()
+                elapsed = time.perf_counter() - t0
+                times[name].append(elapsed)
+                block_total += elapsed
+            t0 = time.perf_counter()
+            trainer.instrument.settle()
+            flush = time.perf_counter() - t0
+            settle[name] += flush
+            block_means[name].append((block_total + flush) / block)
+            if cpu_before is not None:
+                background[name] += (_descendants_cpu_seconds() or 0.0) - cpu_before
+        if r == 0:
+            per_round = time.perf_counter() - started
+            _log(config, f"[{spec.name}] one round took {per_round:.1f} s; about {per_round * (rounds - 1):.0f} s to go")
+
+    # Host sync points, after timing: counting wraps Tensor methods and would slow the steps
+    syncs: dict[str, tuple[list[int], list[bool]]] = {}
+    for trainer in trainers:
+        syncs[trainer.variant.name] = _sync_pass(trainer, config.sync_steps)
+    base_syncs = syncs[variants[0].name][0] if variants[0].kind == "baseline" else None
+    base_sync_per_step = statistics.mean(base_syncs) if base_syncs else 0.0
+
+    results: list[dict[str, Any]] = []
+    baseline_name = next((v.name for v in variants if v.name == "baseline"), None)
+    for trainer in trainers:
+        v = trainer.variant
+        t = times[v.name]
+        n = len(t)
+        mean = (sum(t) + settle[v.name]) / n
+        unsaved = [x for x, s in zip(t, saved[v.name], strict=True) if not s]
+        row: dict[str, Any] = {
+            "model": spec.name,
+            "variant": v.name,
+            "label": v.label,
+            "kind": v.kind,
+            "save_interval": v.save_interval,
+            "steps": n,
+            "rounds": rounds,
+            "block": block,
+            "mean_ms": mean * 1e3,
+            "median_ms": statistics.median(t) * 1e3,
+            "p10_ms": _percentile(t, 0.1) * 1e3,
+            "p90_ms": _percentile(t, 0.9) * 1e3,
+            "flush_ms_per_step": settle[v.name] / n * 1e3,
+            "saved_steps_measured": sum(saved[v.name]),
+            "unsaved_mean_ms": statistics.mean(unsaved) * 1e3 if unsaved else None,
+            "unsaved_median_ms": statistics.median(unsaved) * 1e3 if unsaved else None,
+            "background_cpu_ms_per_step": background[v.name] / n * 1e3 if has_background else None,
+            # every measured step in order, and which of them saved: for finer analysis than the summary
+            "step_ms": [round(x * 1e3, 3) for x in t],
+            "saved_step_indices": [i for i, s in enumerate(saved[v.name]) if s],
+        }
+        per_step_syncs, sync_saved = syncs[v.name]
+        saved_syncs = [c - base_sync_per_step for c, s in zip(per_step_syncs, sync_saved, strict=True) if s]
+        unsaved_syncs = [c - base_sync_per_step for c, s in zip(per_step_syncs, sync_saved, strict=True) if not s]
+        row["sync_points_per_saved_step"] = statistics.mean(saved_syncs) if saved_syncs else None
+        row["sync_points_per_unsaved_step"] = statistics.mean(unsaved_syncs) if unsaved_syncs else None
+        hook = trainer.instrument.hook
+        if hook is not None:
+            hook.flush()
+            written = hook.backend_stats()["local"].written
+            row["hook_global_step"] = hook.global_step
+            row["steps_taken"] = trainer.steps
+            row["hook_steps_ok"] = hook.global_step == trainer.steps
+            row["saved_steps_total"] = written
+            row["host_copies"] = hook.host_copies
+            row["host_copies_per_saved_step"] = hook.host_copies / written if written else None
+            row["histogram_config"] = repr(hook.histogram_config)
+        results.append(row)
+
+    if baseline_name is not None:
+        base = next(r for r in results if r["variant"] == baseline_name)
+        for row in results:
+            row["ratio_mean"] = row["mean_ms"] / base["mean_ms"]
+            row["ratio_median"] = row["median_ms"] / base["median_ms"]
+            row["ratio_unsaved_mean"] = (
+                row["unsaved_mean_ms"] / base["mean_ms"] if row["unsaved_mean_ms"] is not None else None
+            )
+            row["ratio_unsaved_median"] = (
+                row["unsaved_median_ms"] / base["median_ms"] if row["unsaved_median_ms"] is not None else None
+            )
+            per_round = [a / b for a, b in zip(block_means[row["variant"]], block_means[baseline_name], strict=True)]
+            row["round_ratio_median"] = statistics.median(per_round)
+            row["round_ratio_p25"] = _percentile(per_round, 0.25)
+            row["round_ratio_p75"] = _percentile(per_round, 0.75)
+
+    if config.profile and any(v.name == "tl_full_every_step" for v in variants):
+        profile = profile_model(spec, trainers, config)
+        for row in results:
+            if row["variant"] == "tl_full_every_step":
+                row["profile"] = profile
+
+    for trainer in trainers:
+        trainer.instrument.close()
+    return results
+
+
+# --------------------------------------------------------------------------------------------
+# Profile: where the time of the full-every-step variant goes
+
+
+def _op_times(trainer: Trainer, steps: int) -> dict[str, tuple[float, int]]:
+    """Self CPU time (ms per step) and calls per step of each op over ``steps`` steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            trainer.step()
+        trainer.instrument.settle()
+    out: dict[str, tuple[float, int]] = {}
+    for event in prof.key_averages():
+        out[event.key] = (event.self_cpu_time_total / 1e3 / steps, round(event.count / steps))
+    return out
+
+
+def profile_model(spec: ModelSpec, trainers: Sequence[Trainer], config: BenchConfig) -> dict[str, Any]:
+    """Op-level (torch.profiler, minus the baseline) and function-level (cProfile) breakdowns."""
+    by_name = {t.variant.name: t for t in trainers}
+    full, base = by_name["tl_full_every_step"], by_name.get("baseline")
+    steps = config.profile_steps
+    _log(config, f"[{spec.name}] profiling tl_full_every_step ({steps} steps)")
+
+    # Wall time first, without any profiler
+    def wall(trainer: Trainer) -> float:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            trainer.step()
+        trainer.instrument.settle()
+        return (time.perf_counter() - t0) / steps * 1e3
+
+    wall_full = wall(full)
+    wall_base = wall(base) if base is not None else None
+
+    ops_full = _op_times(full, steps)
+    ops_base = _op_times(base, steps) if base is not None else {}
+    extra = []
+    for key, (ms, calls) in ops_full.items():
+        base_ms, base_calls = ops_base.get(key, (0.0, 0))
+        if ms - base_ms > 0.0:
+            extra.append({"op": key, "extra_ms_per_step": ms - base_ms, "extra_calls_per_step": calls - base_calls})
+    extra.sort(key=lambda e: -e["extra_ms_per_step"])
+    extra_total = sum(e["extra_ms_per_step"] for e in extra)
+
+    # Function level: cProfile over the same number of steps, tensorlens frames only
+    profiler = cProfile.Profile()
+    profiler.enable()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        full.step()
+    full.instrument.settle()
+    profiled_step_ms = (time.perf_counter() - t0) / steps * 1e3
+    profiler.disable()
+    stats = pstats.Stats(profiler, stream=io.StringIO())
+    package = os.path.dirname(tl.__file__)
+    functions = []
+    for (filename, line, func), (_cc, ncalls, tottime, cumtime, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        if filename.startswith(package):
+            functions.append({
+                "function": f"{os.path.relpath(filename, os.path.dirname(package))}:{line}({func})",
+                "calls_per_step": ncalls / steps,
+                "self_ms_per_step": tottime / steps * 1e3,
+                "cum_ms_per_step": cumtime / steps * 1e3,
+            })
+    functions.sort(key=lambda f: -f["cum_ms_per_step"])
+    return {
+        "steps": steps,
+        "wall_ms_per_step": wall_full,
+        "baseline_wall_ms_per_step": wall_base,
+        "extra_op_ms_per_step": extra_total,
+        "top_extra_ops": extra[:15],
+        "cprofile_step_ms": profiled_step_ms,
+        "top_functions": functions[:20],
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Targets from the issue
+
+TARGETS = (
+    ("MLP full every step", "<= 2.0x"),
+    ("Transformer full every step", "<= 1.10x"),
+    ("any model full every 100 steps", "<= 1.02x"),
+    ("steps not saved", "<= 1.01x"),
+    ("overhead vs wandb.watch(all, log_freq=1)", ">= 5x smaller"),
+    ("peak memory full every step", "<= 1.10x baseline"),
+)
+
+
+def evaluate_targets(results: Sequence[dict[str, Any]], memory: dict[tuple[str, str], dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = {(r["model"], r["variant"]): r for r in results}
+    out: list[dict[str, Any]] = []
+
+    def add(target: str, limit: str, model: str, measured: float | None, ok: bool | None, note: str = "") -> None:
+        control = rows.get((model, "baseline_control"))
+        noise = abs(control["ratio_mean"] - 1.0) if control and "ratio_mean" in control else None
+        out.append({"target": target, "limit": limit, "model": model, "measured": measured, "ok": ok,
+                    "noise_floor": noise, "note": note})
+
+    models = sorted({r["model"] for r in results}, key=list(MODELS).index)
+    for model in models:
+        full = rows.get((model, "tl_full_every_step"))
+        if full and "ratio_mean" in full:
+            if model == "mlp":
+                add("MLP full every step", "<= 2.0x", model, full["ratio_mean"], full["ratio_mean"] <= 2.0)
+            if model == "transformer":
+                add("Transformer full every step", "<= 1.10x", model, full["ratio_mean"], full["ratio_mean"] <= 1.10)
+        every100 = rows.get((model, "tl_full_every_100"))
+        if every100 and "ratio_mean" in every100:
+            add("any model full every 100 steps", "<= 1.02x", model, every100["ratio_mean"], every100["ratio_mean"] <= 1.02)
+        for name in ("tl_full_every_100", "tl_default"):
+            row = rows.get((model, name))
+            if row and row.get("ratio_unsaved_mean") is not None:
+                add("steps not saved", "<= 1.01x", model, row["ratio_unsaved_mean"], row["ratio_unsaved_mean"] <= 1.01,
+                    note=f"{name}, mean of unsaved steps / baseline mean; medians {row['ratio_unsaved_median']:.3f}x")
+        wb = rows.get((model, "wandb_all_every_step"))
+        if full and wb and "ratio_mean" in full and "ratio_mean" in wb:
+            tl_over = full["mean_ms"] - rows[(model, "baseline")]["mean_ms"]
+            wb_over = wb["mean_ms"] - rows[(model, "baseline")]["mean_ms"]
+            factor = wb_over / tl_over if tl_over > 0 else math.inf
+            add("overhead vs wandb.watch(all, log_freq=1)", ">= 5x smaller", model, factor, factor >= 5.0,
+                note=f"wandb +{wb_over:.2f} ms/step vs tl full every step +{tl_over:.2f} ms/step")
+        mem_full, mem_base = memory.get((model, "tl_full_every_step")), memory.get((model, "baseline"))
+        if mem_full and mem_base and "peak_rss_mb" in mem_full and "peak_rss_mb" in mem_base:
+            ratio = mem_full["peak_rss_mb"] / mem_base["peak_rss_mb"]
+            footprint = mem_full["footprint_mb"] / mem_base["footprint_mb"] if mem_base["footprint_mb"] > 0 else math.nan
+            add("peak memory full every step", "<= 1.10x baseline", model, ratio, ratio <= 1.10,
+                note=f"process peak RSS; training footprint ratio {footprint:.2f}x")
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Entry points
+
+
+def run_benchmark(config: BenchConfig) -> dict[str, Any]:
+    """Run the benchmark and return the JSON-ready result (see the module docstring)."""
+    unknown = [m for m in config.models if m not in MODELS] + [v for v in config.variants if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"Expected models from {list(MODELS)} and variants from {list(VARIANTS)}, but got {unknown}")
+    torch.set_num_threads(config.threads)
+    skipped: list[str] = []
+    messages: list[str] = []
+    names = list(dict.fromkeys(config.variants))
+    if "baseline" not in names:
+        names.insert(0, "baseline")  # every ratio is against it
+    names.sort(key=lambda n: n != "baseline")  # first, so the sync pass can subtract it
+    if any(VARIANTS[n].kind == "wandb" for n in names) and not wandb_available():
+        skipped.append("wandb variants skipped: wandb is not installed (pip install 'tensorlens[wandb]')")
+        names = [n for n in names if VARIANTS[n].kind != "wandb"]
+    variants = [VARIANTS[n] for n in names]
+
+    meta = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "tensorlens": tl.__version__,
+        "tensorlens_path": os.path.dirname(tl.__file__),
+        "tensorlens_git": _git_revision(os.path.dirname(tl.__file__)),
+        "wandb": _wandb_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "loadavg_before": _loadavg(),
+        "config": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()},
+    }
+    _log(config, f"torch.set_num_threads({config.threads}); torch.get_num_threads() = {torch.get_num_threads()}; "
+                 f"cpu_count = {os.cpu_count()}; loadavg = {meta['loadavg_before']}")
+    results: list[dict[str, Any]] = []
+    memory: dict[tuple[str, str], dict[str, Any]] = {}
+    work_dir = tempfile.mkdtemp(prefix="tl-bench-")
+    try:
+        with contextlib.ExitStack() as stack:
+            if any(v.kind == "wandb" for v in variants):
+                stack.enter_context(wandb_offline_run(work_dir))
+            # recorded, not shown: a tensorlens hook that fails warns once and training goes on,
+            # so a failure would otherwise look like a very cheap variant
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                for model in config.models:
+                    results += measure_model(MODELS[model], variants, config, work_dir)
+            messages = list(dict.fromkeys(str(w.message) for w in caught))
+        if config.memory:
+            for model in config.models:
+                for variant in variants:
+                    steps = config.memory_steps
+                    if variant.kind == "wandb" and variant.save_interval and not config.quick_memory:
+                        # wandb logs on its log_freq-th call (tensorlens at step 0): train far enough to include one
+                        steps = max(steps, variant.save_interval)
+                    _log(config, f"[{model}] peak memory of {variant.name} ({steps} steps, subprocess)")
+                    memory[(model, variant.name)] = measure_memory(model, variant.name, steps, config.threads)
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    for row in results:
+        mem = memory.get((row["model"], row["variant"]))
+        row["memory"] = mem
+        base = memory.get((row["model"], "baseline"))
+        row["peak_rss_ratio"] = (
+            mem["peak_rss_mb"] / base["peak_rss_mb"] if mem and base and "peak_rss_mb" in mem and "peak_rss_mb" in base else None
+        )
+    meta["loadavg_after"] = _loadavg()
+    return {"meta": meta, "results": results, "targets": evaluate_targets(results, memory), "skipped": skipped,
+            "warnings": messages}
+
+
+def _git_revision(path: str) -> dict[str, Any] | None:
+    """The commit of the measured tensorlens, and whether its files differ from it (others may be
+    editing the engine in the same checkout while this runs)."""
+    try:
+        commit = subprocess.run(["git", "-C", path, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        if commit.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", path, "status", "--porcelain", "--", "."], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+
+
+def _wandb_version() -> str | None:
+    try:
+        import wandb
+    except Exception:
+        return None
+    return str(wandb.__version__)
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _fmt(value: float | None, spec: str = ".2f", suffix: str = "") -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:{spec}}{suffix}"
+
+
+def format_report(report: dict[str, Any]) -> str:
+    meta = report["meta"]
+    lines = [
+        f"tensorlens overhead — torch {meta['torch']}, {meta['torch_threads']} torch threads, "
+        f"{meta['cpu_count']} CPUs, loadavg {meta['loadavg_before']} -> {meta.get('loadavg_after')}",
+        f"tensorlens from {meta['tensorlens_path']} {meta['tensorlens_git'] or ''}",
+        "",
+    ]
+    header = ("model", "variant", "mean ms", "median ms", "x base", "x base (median)", "round IQR",
+              "peak RSS MB", "x RSS", "host copies/saved", "syncs/saved", "bg CPU ms/step")
+    table = [header]
+    for r in report["results"]:
+        mem = r.get("memory") or {}
+        table.append((
+            r["model"], r["variant"], _fmt(r["mean_ms"]), _fmt(r["median_ms"]), _fmt(r.get("ratio_mean"), ".3f"),
+            _fmt(r.get("ratio_median"), ".3f"),
+            f"{_fmt(r.get('round_ratio_p25'), '.2f')}–{_fmt(r.get('round_ratio_p75'), '.2f')}",
+            _fmt(mem.get("peak_rss_mb"), ".0f"), _fmt(r.get("peak_rss_ratio"), ".3f"),
+            _fmt(r.get("host_copies_per_saved_step"), ".1f"), _fmt(r.get("sync_points_per_saved_step"), ".0f"),
+            _fmt(r.get("background_cpu_ms_per_step"), ".2f"),
+        ))
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
+    for i, row in enumerate(table):
+        lines.append("  ".join(str(c).ljust(w) if j < 2 else str(c).rjust(w) for j, (c, w) in enumerate(zip(row, widths, strict=True))))
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    lines += ["", "Targets (issue 5)  — noise floor = |A/A control ratio - 1| of the same model"]
+    for t in report["targets"]:
+        verdict = "ok" if t["ok"] else "MISS"
+        measured = _fmt(t["measured"], ".3f", "x")
+        noise = _fmt(t["noise_floor"], ".3f")
+        note = f"  ({t['note']})" if t["note"] else ""
+        lines.append(f"  {t['target']:<42} {t['model']:<12} {measured:>9}  target {t['limit']:<18} {verdict:<5} noise {noise}{note}")
+    for r in report["results"]:
+        if r.get("hook_steps_ok") is False:
+            lines.append(f"  WARNING {r['model']}/{r['variant']}: hook counted {r['hook_global_step']} steps, "
+                         f"the variant took {r['steps_taken']}")
+        if (r.get("memory") or {}).get("error"):
+            lines.append(f"  memory of {r['model']}/{r['variant']} failed: {r['memory']['error']}")
+    lines += [f"  {message}" for message in report["skipped"]]
+    lines += [f"  warning: {message}" for message in report["warnings"] if "tensorlens" in message]
+    for r in report["results"]:
+        profile = r.get("profile")
+        if not profile:
+            continue
+        lines += ["", f"Profile of {r['model']} / tl_full_every_step over {profile['steps']} steps: "
+                      f"{profile['wall_ms_per_step']:.2f} ms/step vs baseline {_fmt(profile['baseline_wall_ms_per_step'])} ms; "
+                      f"ops added by tensorlens {profile['extra_op_ms_per_step']:.2f} ms/step (torch.profiler self CPU)"]
+        for e in profile["top_extra_ops"][:10]:
+            lines.append(f"    {e['op']:<40} +{e['extra_ms_per_step']:7.3f} ms  +{e['extra_calls_per_step']} calls")
+        lines.append(f"  tensorlens functions (cProfile, {profile['cprofile_step_ms']:.2f} ms/step under the profiler):")
+        for f in profile["top_functions"][:12]:
+            lines.append(f"    {f['function']:<70} cum {f['cum_ms_per_step']:7.3f} ms  self {f['self_ms_per_step']:7.3f} ms"
+                         f"  {f['calls_per_step']:.0f} calls")
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", choices=list(MODELS), default=None)
+    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=None,
+                   help=f"default: {' '.join(DEFAULT_VARIANTS)}")
+    p.add_argument("--steps", type=int, default=None, help="measured steps per variant (default: per model, 200-400)")
+    p.add_argument("--block", type=int, default=10, help="steps per variant per round")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: min(cpus, 8))")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-RSS subprocesses")
+    p.add_argument("--memory-steps", type=int, default=12)
+    p.add_argument("--profile", action="store_true", help="profile tl_full_every_step (torch.profiler + cProfile)")
+    p.add_argument("--profile-steps", type=int, default=20)
+    p.add_argument("--quick", action="store_true", help="MLP only, a few steps: checks that everything runs")
+    p.add_argument("--json", action="store_true", help="JSON on stdout (the table goes to stderr)")
+    p.add_argument("--out", help="also write the JSON to this file")
+    p.add_argument("--memory-child", nargs=2, metavar=("MODEL", "VARIANT"), help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    threads = args.threads or max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8))
+    if args.memory_child:
+        print(json.dumps(memory_child(*args.memory_child, steps=args.steps or 12, threads=threads)))
+        return 0
+    config = BenchConfig(threads=threads, block=args.block, warmup=args.warmup, memory=not args.no_memory,
+                         memory_steps=args.memory_steps, profile=args.profile, profile_steps=args.profile_steps)
+    if args.quick:
+        config.models, config.steps, config.block, config.warmup = ["mlp"], 10, 5, 2
+        config.memory_steps, config.profile_steps, config.quick_memory = 3, 3, True
+    if args.models:
+        config.models = args.models
+    if args.variants:
+        config.variants = args.variants
+    if args.steps:
+        config.steps = args.steps
+    print(f"torch threads: {threads}", file=sys.stderr)
+    report = run_benchmark(config)
+    text = format_report(report)
+    payload = json.dumps(report, indent=2, default=str)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(payload + "\n")
+    if args.json:
+        print(text, file=sys.stderr)
+        print(payload)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
