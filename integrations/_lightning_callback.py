@@ -47,6 +47,7 @@ from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig, expe
 from tensorlens.hook import DEFAULT_RUNS_DIR, WORKER_MODES, Hook, _default_run_name
 from tensorlens.modes import ModeKeys
 from tensorlens.run_store import safe_run_name
+from tensorlens.watch import histogram_config_from
 
 if TYPE_CHECKING:
     from torch import nn
@@ -133,12 +134,7 @@ class TensorLensCallbackBase:
                 raise expected("collections", "None or a list of collection names", collections)
         if not isinstance(activations, bool):
             raise expected("activations", "a bool", activations)
-        if isinstance(histograms, bool):
-            histogram_config = HistogramConfig() if histograms else HistogramConfig(bins=0)
-        elif isinstance(histograms, HistogramConfig):
-            histogram_config = histograms
-        else:
-            raise expected("histograms", "a bool or a tl.HistogramConfig", histograms)
+        histogram_config = histogram_config_from(histograms)
         if reductions is not None and not isinstance(reductions, ReductionConfig):
             raise expected("reductions", "None or a tl.ReductionConfig", reductions)
         if include_workers not in WORKER_MODES:

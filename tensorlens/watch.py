@@ -18,6 +18,15 @@ _WANDB_LOG = {
 }
 
 
+def histogram_config_from(histograms: bool | HistogramConfig) -> HistogramConfig:
+    """``histograms=True/False`` or a config, as ``watch`` and the Lightning callback take it."""
+    if isinstance(histograms, bool):
+        return HistogramConfig() if histograms else HistogramConfig(bins=0)
+    if isinstance(histograms, HistogramConfig):
+        return histograms
+    raise expected("histograms", "a bool or a tl.HistogramConfig", histograms)
+
+
 def watch(
     models: nn.Module | Sequence[nn.Module] | Mapping[str, nn.Module],
     criterion: nn.Module | None = None,
@@ -54,12 +63,7 @@ def watch(
         collections = list(_WANDB_LOG[log or "all"])
         if activations:
             collections.append("activations")
-    if isinstance(histograms, bool):
-        histogram_config = HistogramConfig() if histograms else HistogramConfig(bins=0)
-    elif isinstance(histograms, HistogramConfig):
-        histogram_config = histograms
-    else:
-        raise expected("histograms", "a bool or a tl.HistogramConfig", histograms)
+    histogram_config = histogram_config_from(histograms)
     hook = Hook(
         out_dir=out_dir,
         save_config=SaveConfig(save_interval=save_interval),
