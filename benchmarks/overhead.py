@@ -176,6 +176,8 @@ VARIANTS: dict[str, VariantSpec] = {
         VariantSpec("tl_full_every_100", "tl full + 64-bin hist, every 100", "tensorlens", 100),
         VariantSpec("wandb_all_every_step", 'wandb.watch(log="all", log_freq=1)', "wandb", 1),
         VariantSpec("wandb_all_every_100", 'wandb.watch(log="all", log_freq=100)', "wandb", 100),
+        # like for like with wandb.watch(log="all", log_freq=1): weights, biases, gradients, 64 bins
+        VariantSpec("tl_watch_all_every_step", 'tl.watch(log="all", log_freq=1)', "tensorlens", 1),
         # opt-in: every value binned (HistogramConfig(sample=None)), to price exact histograms
         VariantSpec("tl_full_exact_every_step", "tl full + exact 64-bin hist, every step", "tensorlens", 1),
     )
@@ -209,6 +211,8 @@ class TensorlensInstrument(Instrument):
         if spec.name == "tl_default":
             # the one-line default; backends given so an active wandb run is not picked up by "auto"
             self.hook = tl.watch(model, backends=["local"], out_dir=out_dir)
+        elif spec.name == "tl_watch_all_every_step":
+            self.hook = tl.watch(model, log="all", log_freq=1, backends=["local"], out_dir=out_dir)
         else:
             # bins=64 with the version's default sampling, or every value for the "exact" variant
             histograms = tl.HistogramConfig(bins=64, sample=None) if "exact" in spec.name else tl.HistogramConfig(bins=64)
@@ -749,12 +753,15 @@ def evaluate_targets(results: Sequence[dict[str, Any]], memory: dict[tuple[str, 
                 add("steps not saved", "<= 1.01x", model, row["ratio_unsaved_mean"], row["ratio_unsaved_mean"] <= 1.01,
                     note=f"{name}, mean of unsaved steps / baseline mean; medians {row['ratio_unsaved_median']:.3f}x")
         wb = rows.get((model, "wandb_all_every_step"))
-        if full and wb and "ratio_mean" in full and "ratio_mean" in wb:
-            tl_over = full["mean_ms"] - rows[(model, "baseline")]["mean_ms"]
-            wb_over = wb["mean_ms"] - rows[(model, "baseline")]["mean_ms"]
-            factor = wb_over / tl_over if tl_over > 0 else math.inf
-            add("overhead vs wandb.watch(all, log_freq=1)", ">= 5x smaller", model, factor, factor >= 5.0,
-                note=f"wandb +{wb_over:.2f} ms/step vs tl full every step +{tl_over:.2f} ms/step")
+        # like for like first (same tensors as wandb), then tensorlens full (adds activations)
+        for name in ("tl_watch_all_every_step", "tl_full_every_step"):
+            ours = rows.get((model, name))
+            if ours and wb and "ratio_mean" in ours and "ratio_mean" in wb:
+                tl_over = ours["mean_ms"] - rows[(model, "baseline")]["mean_ms"]
+                wb_over = wb["mean_ms"] - rows[(model, "baseline")]["mean_ms"]
+                factor = wb_over / tl_over if tl_over > 0 else math.inf
+                add("overhead vs wandb.watch(all, log_freq=1)", ">= 5x smaller", model, factor, factor >= 5.0,
+                    note=f"wandb +{wb_over:.2f} ms/step vs {name} +{tl_over:.2f} ms/step")
         mem_full, mem_base = memory.get((model, "tl_full_every_step")), memory.get((model, "baseline"))
         if mem_full and mem_base and "peak_rss_mb" in mem_full and "peak_rss_mb" in mem_base:
             ratio = mem_full["peak_rss_mb"] / mem_base["peak_rss_mb"]
@@ -768,14 +775,16 @@ def evaluate_targets(results: Sequence[dict[str, Any]], memory: dict[tuple[str, 
 # Entry points
 
 
-def run_benchmark(config: BenchConfig) -> dict[str, Any]:
-    """Run the benchmark and return the JSON-ready result (see the module docstring)."""
+def run_benchmark(config: BenchConfig, progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run the benchmark and return the JSON-ready result (see the module docstring).
+
+    ``progress(report)`` receives the partial report after each model and each memory pass.
+    """
     unknown = [m for m in config.models if m not in MODELS] + [v for v in config.variants if v not in VARIANTS]
     if unknown:
         raise ValueError(f"Expected models from {list(MODELS)} and variants from {list(VARIANTS)}, but got {unknown}")
     torch.set_num_threads(config.threads)
     skipped: list[str] = []
-    messages: list[str] = []
     names = list(dict.fromkeys(config.variants))
     if "baseline" not in names:
         names.insert(0, "baseline")  # every ratio is against it
@@ -802,6 +811,21 @@ def run_benchmark(config: BenchConfig) -> dict[str, Any]:
                  f"cpu_count = {os.cpu_count()}; loadavg = {meta['loadavg_before']}")
     results: list[dict[str, Any]] = []
     memory: dict[tuple[str, str], dict[str, Any]] = {}
+    caught: list[warnings.WarningMessage] = []
+
+    def assemble() -> dict[str, Any]:
+        for row in results:
+            mem = memory.get((row["model"], row["variant"]))
+            base = memory.get((row["model"], "baseline"))
+            row["memory"] = mem
+            row["peak_rss_ratio"] = (
+                mem["peak_rss_mb"] / base["peak_rss_mb"] if mem and base and "peak_rss_mb" in mem and "peak_rss_mb" in base else None
+            )
+        meta["loadavg_after"] = _loadavg()
+        messages = list(dict.fromkeys(str(w.message) for w in caught))
+        return {"meta": meta, "results": results, "targets": evaluate_targets(results, memory), "skipped": skipped,
+                "warnings": messages}
+
     work_dir = tempfile.mkdtemp(prefix="tl-bench-")
     try:
         with contextlib.ExitStack() as stack:
@@ -809,11 +833,13 @@ def run_benchmark(config: BenchConfig) -> dict[str, Any]:
                 stack.enter_context(wandb_offline_run(work_dir))
             # recorded, not shown: a tensorlens hook that fails warns once and training goes on,
             # so a failure would otherwise look like a very cheap variant
-            with warnings.catch_warnings(record=True) as caught:
+            with warnings.catch_warnings(record=True) as recorded:
                 warnings.simplefilter("always")
                 for model in config.models:
                     results += measure_model(MODELS[model], variants, config, work_dir)
-            messages = list(dict.fromkeys(str(w.message) for w in caught))
+                    caught[:] = recorded
+                    if progress is not None:  # a long run killed later still leaves what it measured
+                        progress(assemble())
         if config.memory:
             for model in config.models:
                 for variant in variants:
@@ -823,18 +849,11 @@ def run_benchmark(config: BenchConfig) -> dict[str, Any]:
                         steps = max(steps, variant.save_interval)
                     _log(config, f"[{model}] peak memory of {variant.name} ({steps} steps, subprocess)")
                     memory[(model, variant.name)] = measure_memory(model, variant.name, steps, config.threads)
+                if progress is not None:
+                    progress(assemble())
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
-    for row in results:
-        mem = memory.get((row["model"], row["variant"]))
-        row["memory"] = mem
-        base = memory.get((row["model"], "baseline"))
-        row["peak_rss_ratio"] = (
-            mem["peak_rss_mb"] / base["peak_rss_mb"] if mem and base and "peak_rss_mb" in mem and "peak_rss_mb" in base else None
-        )
-    meta["loadavg_after"] = _loadavg()
-    return {"meta": meta, "results": results, "targets": evaluate_targets(results, memory), "skipped": skipped,
-            "warnings": messages}
+    return assemble()
 
 
 def _git_revision(path: str) -> dict[str, Any] | None:
@@ -964,12 +983,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.steps:
         config.steps = args.steps
     print(f"torch threads: {threads}", file=sys.stderr)
-    report = run_benchmark(config)
+
+    def write(report: dict[str, Any]) -> None:
+        if args.out:
+            with open(args.out + ".tmp", "w") as f:
+                f.write(json.dumps(report, indent=2, default=str) + "\n")
+            os.replace(args.out + ".tmp", args.out)
+
+    report = run_benchmark(config, progress=write)
+    write(report)
     text = format_report(report)
     payload = json.dumps(report, indent=2, default=str)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(payload + "\n")
     if args.json:
         print(text, file=sys.stderr)
         print(payload)
