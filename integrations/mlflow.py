@@ -305,13 +305,18 @@ class MLflowBackend(Backend):
             tags=[RunTag("tensorlens.run_name", run.run_name), RunTag("tensorlens.run_dir", run.run_dir)],
         )
         self._tmp = tempfile.mkdtemp(prefix="tensorlens-mlflow-")
+        self._last_timestamp = 0
 
     def write(self, record: StepRecord) -> None:
         from mlflow.entities import Metric
 
         if self._suspect:
             _probe(self.tracking_uri)  # fail fast while the server is down instead of retrying for minutes
-        timestamp = int(record.wall_time * 1000)
+        # MLflow keys a metric point by (key, step, timestamp, value): two eval mode steps closed in
+        # the same millisecond at one optimizer step would collapse into one point. Keep every
+        # record's timestamp after the previous one.
+        timestamp = max(int(record.wall_time * 1000), self._last_timestamp + 1)
+        self._last_timestamp = timestamp
         values: dict[str, float] = {entry.key: float(entry.value) for entry in record.scalars}
         for histogram in record.histograms:
             quantiles = histogram_quantiles(histogram.counts, histogram.edges, [q for _, q in QUANTILES])

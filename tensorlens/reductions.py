@@ -223,9 +223,9 @@ def _large_rows(
         if cols & {"m2", "sumsq"}:
             centred = torch.sub(v, total, alpha=1.0 / n, out=buf)  # v - mean, into the scratch buffer
             raw["dev"].append(centred.sum())
-            # one read of the deviations; BLAS accumulates in blocks (1e-6 relative at 3M values,
-            # where vector_norm's naive float32 loop errs by 1e-4)
-            raw["sq"].append(torch.dot(centred, centred))
+            # squares summed by the cascade sum: a BLAS dot errs by ~3e-6 relative at 3M values
+            # (and varies with the thread count), vector_norm's naive float32 loop by 1e-4
+            raw["sq"].append(centred.square_().sum())
         else:
             raw["dev"].append(nan.to(v.dtype))
             raw["sq"].append(nan.to(v.dtype))

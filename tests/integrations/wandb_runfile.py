@@ -53,6 +53,8 @@ def iter_payloads(path: str) -> list[bytes]:
         pos += _RECORD_HEADER.size
         if kind == 0 and length == 0:  # zeros not yet written over
             break
+        if pos + length > len(data):  # a torn record: the service is still writing it
+            break
         chunk = data[pos:pos + length]
         pos += length
         if kind == _FULL:
@@ -184,11 +186,21 @@ def read_run_dir(run_dir: str, timeout: float = 30.0) -> RunFile:
     """Parse the run file under ``run_dir`` once it is complete.
 
     ``wandb.finish()`` can return before the service has written the file out (seen when the
-    run logged tables), so this waits until the run's ``exit`` record is there.
+    run logged tables), so this waits until the run's ``exit`` record is there, reading again
+    when the end of the file is a record still being written.
     """
+    from google.protobuf.message import DecodeError
+
     deadline = time.monotonic() + timeout
     while True:
-        run = read_run_file(run_file_path(run_dir))
+        try:
+            run = read_run_file(run_file_path(run_dir))
+        except (DecodeError, FileNotFoundError):
+            # the service may still be writing: a record cut off at the end of the file
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+            continue
         if run.record_types.get("exit") or time.monotonic() > deadline:
             return run
         time.sleep(0.05)
