@@ -50,6 +50,8 @@ def main(out_dir: str) -> None:
         accelerator="cpu",
         devices=2,
         max_steps=4,
+        accumulate_grad_batches=2,  # the issue's own trainer line: DDP + accumulation + bf16 autocast
+        precision="bf16-mixed",
         logger=L.loggers.TensorBoardLogger(os.path.join(out_dir, "tb")),
         callbacks=[callback],
         default_root_dir=out_dir,

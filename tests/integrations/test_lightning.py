@@ -505,7 +505,9 @@ def test_ddp_only_rank_zero_writes_trackers(tmp_path: Any) -> None:
     assert ranks[1]["backends"] == ["local"]  # the logger on rank 1 is a dummy: no tracker there
     assert ranks[0]["run_dir"] == ranks[1]["run_dir"]  # one run folder, chosen on rank 0
     assert ranks[0]["global_step"] == ranks[1]["global_step"] == 4
-    assert ranks[0]["stats"]["tensorboard"] == {"written": 6, "failed": 0, "dropped": 0}  # 4 train + 2 eval records
+    # accumulate_grad_batches=2 over 2 batches per rank and epoch: one optimizer step per epoch,
+    # so 4 epochs, each followed by validation: 4 train + 4 eval records
+    assert ranks[0]["stats"]["tensorboard"] == {"written": 8, "failed": 0, "dropped": 0}
     events = [f for _, _, files in os.walk(tmp_path / "tb") for f in files if f.startswith("events.out.tfevents")]
     assert len(events) == 1  # one writer, rank 0's
 
@@ -516,8 +518,9 @@ def test_ddp_only_rank_zero_writes_trackers(tmp_path: Any) -> None:
     # DDP gradients are all-reduced, the same on both ranks: merging must not count them twice
     assert grad.reduction_value(step=0, name="numel") == 6
     assert run.tensor("gradients_clipped/layer.weight").reduction_value(step=0, name="numel") == 6
-    # activations differ per rank (each has its half of the batch): the merge holds both halves
-    assert run.tensor("activations/layer").reduction_value(step=0, name="numel") == 2 * BATCH * 2
-    # one validation batch per rank after each of the 2 epochs: eval steps 0 and 1, merged too
-    assert run.steps(mode="eval") == [0, 1]
+    # activations differ per rank (each has its half of the batch) and the step accumulates two
+    # micro-batches: the merge holds both halves of both micro-batches
+    assert run.tensor("activations/layer").reduction_value(step=0, name="numel") == 2 * 2 * BATCH * 2
+    # one validation batch per rank after each of the 4 epochs: eval steps 0..3, merged too
+    assert run.steps(mode="eval") == [0, 1, 2, 3]
     assert run.tensor("activations/layer").reduction_value(step=1, mode="eval", name="numel") == 2 * BATCH * 2
