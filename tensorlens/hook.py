@@ -783,11 +783,6 @@ def _names_list(name: str, value: Iterable[str]) -> list[str]:
     return out
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of a DTensor (FSDP2), the tensor itself otherwise."""
-    return _piece(tensor)[0]
-
-
 def _piece(tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """``(what this rank contributes, partitioned)``; see :func:`tensorlens.distributed.local_piece`."""
     if not hasattr(tensor, "placements"):  # not a DTensor: skip importing torch.distributed.tensor
