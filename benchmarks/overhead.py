@@ -172,12 +172,12 @@ VARIANTS: dict[str, VariantSpec] = {
         VariantSpec("baseline", "no instrumentation", "baseline", None),
         VariantSpec("baseline_control", "no instrumentation (A/A control)", "baseline", None),
         VariantSpec("tl_default", "tl.watch(model) (every 100)", "tensorlens", 100),
+        # like for like with wandb.watch(log="all", log_freq=1): weights, biases, gradients, 64 bins
+        VariantSpec("tl_watch_all_every_step", 'tl.watch(log="all", log_freq=1)', "tensorlens", 1),
         VariantSpec("tl_full_every_step", "tl full + 64-bin hist, every step", "tensorlens", 1),
         VariantSpec("tl_full_every_100", "tl full + 64-bin hist, every 100", "tensorlens", 100),
         VariantSpec("wandb_all_every_step", 'wandb.watch(log="all", log_freq=1)', "wandb", 1),
         VariantSpec("wandb_all_every_100", 'wandb.watch(log="all", log_freq=100)', "wandb", 100),
-        # like for like with wandb.watch(log="all", log_freq=1): weights, biases, gradients, 64 bins
-        VariantSpec("tl_watch_all_every_step", 'tl.watch(log="all", log_freq=1)', "tensorlens", 1),
         # opt-in: every value binned (HistogramConfig(sample=None)), to price exact histograms
         VariantSpec("tl_full_exact_every_step", "tl full + exact 64-bin hist, every step", "tensorlens", 1),
     )

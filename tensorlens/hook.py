@@ -469,10 +469,18 @@ class Hook:
     def _optimizer_pre_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self._closed:
             return
-        if self._primary_optimizer is None or self._primary_optimizer() is None:
+        if (self._primary_optimizer is None or self._primary_optimizer() is None) and self._owns(optimizer):
             self._primary_optimizer = weakref.ref(optimizer)
-        if self._primary_optimizer() is optimizer:
+        if self._primary_optimizer is not None and self._primary_optimizer() is optimizer:
             self._begin_train_step_end(optimizer)
+
+    def _owns(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether ``optimizer`` updates a watched parameter: another model's optimizer stepping
+        first (a GAN's discriminator, a second model) must not become this hook's step boundary."""
+        if not self._roots:
+            return True
+        watched = {id(p) for _, p in self._parameters()}
+        return any(id(p) in watched for group in optimizer.param_groups for p in group["params"])
 
     def _optimizer_post_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self._closed and self._primary_optimizer is not None and self._primary_optimizer() is optimizer:

@@ -440,3 +440,18 @@ def test_a_deepcopy_of_the_watched_model_is_not_watched(tmp_path) -> None:
     hook.close()
     assert [str(r.mode) for r in memory.records] == ["train"]
     assert memory.records[0].scalar_dict()["activations/0/numel"] == 2 * 8
+
+
+def test_another_models_optimizer_stepping_first_does_not_capture_the_hook(tmp_path) -> None:
+    hook, memory = make_hook(tmp_path, include_collections=["gradients"])
+    watched, other = mlp(), nn.Linear(2, 2)
+    hook.register_module(watched)
+    other_opt = torch.optim.SGD(other.parameters(), lr=0.1)
+    other(torch.randn(1, 2)).sum().backward()
+    other_opt.step()  # a GAN's discriminator, say: steps first, owns no watched parameter
+    train(watched, 3)
+    other_opt.step()
+    hook.close()
+    assert hook.global_step == 3
+    assert [r.step for r in memory.records] == [0, 1, 2]
+    assert all("gradients/0.weight/l2" in r.scalar_dict() for r in memory.records)
