@@ -58,6 +58,10 @@ class Run:
                 if "no such table" not in str(err):
                     raise
 
+    def _has_names(self) -> bool:
+        """Whether the files list their tensors in a ``names`` table (schema 3 and later)."""
+        return any(True for _ in self._query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'names'"))
+
     @property
     def meta(self) -> dict[str, str]:
         return dict(self._query("SELECT key, value FROM meta"))
@@ -79,9 +83,12 @@ class Run:
         """Names like ``"gradients/fc1.weight"``, optionally of one collection or matching ``regex``."""
         import re
 
-        names = {t for (t,) in self._query("SELECT DISTINCT tensor FROM scalars")}
-        names |= {t for (t,) in self._query("SELECT DISTINCT tensor FROM histograms")}
-        names |= {t for (t,) in self._query("SELECT DISTINCT tensor FROM tensors")}
+        if self._has_names():
+            names = {t for (t,) in self._query("SELECT DISTINCT tensor FROM names")}
+        else:  # schema 2: scan the data tables
+            names = {t for (t,) in self._query("SELECT DISTINCT tensor FROM scalars")}
+            names |= {t for (t,) in self._query("SELECT DISTINCT tensor FROM histograms")}
+            names |= {t for (t,) in self._query("SELECT DISTINCT tensor FROM tensors")}
         if collection is not None:
             names = {n for n in names if n.split("/", 1)[0] == collection}
         if regex is not None:
@@ -100,7 +107,7 @@ class Run:
     def read_tensor(self, name: str, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> TensorDescriptor:
         """The raw tensor saved for ``name`` at ``step`` (needs ``save_raw_tensor=True``)."""
         where, args = _where(step, mode, worker)
-        rows = list(self._query(f"SELECT step, wall_time, data FROM tensors WHERE tensor = ? AND {where}", (name, *args)))
+        rows = list(self._query(f"SELECT t.step, t.wall_time, t.data {_JOIN.format(table='tensors')} WHERE t.tensor = ? AND {where}", (name, *args)))
         if not rows:
             raise TensorNotFound(f"no raw tensor {name!r} at step {step} (is save_raw_tensor on for its collection?)")
         step_, wall_time, data = rows[0]
@@ -114,18 +121,32 @@ class Run:
         """Every scalar of one step as ``{key: value}`` (keys ``"collection/tensor/stat"``)."""
         where, args = _where(step, mode, worker)
         out = {}
-        for tensor, stat, value in self._query(f"SELECT tensor, stat, value FROM scalars WHERE {where}", args):
+        for tensor, stat, value in self._query(f"SELECT t.tensor, t.stat, t.value {_JOIN.format(table='scalars')} WHERE {where}", args):
             out[f"{tensor}/{stat}" if stat else tensor] = _float(value)
         return out
 
 
-def _where(step: int, mode: ModeKeys | str | None, worker: str | None) -> tuple[str, tuple[Any, ...]]:
+#: Rows of ``table`` (as ``t``) for the steps (``st``) selected by :func:`_where`. The data tables
+#: are keyed step-first, so the steps table is scanned (one row per step) and each step's rows
+#: are found by key; CROSS JOIN makes SQLite keep that order.
+_JOIN = (
+    "FROM steps AS st CROSS JOIN {table} AS t "
+    "ON t.mode = st.mode AND t.mode_step = st.mode_step AND t.worker = st.worker"
+)
+
+
+def _where(step: int | None, mode: ModeKeys | str | None, worker: str | None) -> tuple[str, tuple[Any, ...]]:
+    """A condition on the steps table ``st``: one step (or every step when ``step`` is None)."""
     if mode is None:
-        clause, args = "step = ? AND mode IN ('train', 'global')", [step]
+        clause, args = "st.mode IN ('train', 'global')", []
+        if step is not None:
+            clause, args = "st.step = ? AND " + clause, [step]
     else:
-        clause, args = "mode_step = ? AND mode = ?", [step, str(ModeKeys.coerce(mode))]
+        clause, args = "st.mode = ?", [str(ModeKeys.coerce(mode))]
+        if step is not None:
+            clause, args = "st.mode_step = ? AND " + clause, [step, *args]
     if worker is not None:
-        clause += " AND worker = ?"
+        clause += " AND st.worker = ?"
         args.append(worker)
     return clause, tuple(args)
 
@@ -145,15 +166,18 @@ class TensorView:
         return f"TensorView({self.name!r})"
 
     def steps(self, mode: ModeKeys | str | None = None) -> list[int]:
-        column, clause, args = ("step", "mode IN ('train', 'global')", ()) if mode is None else (
-            "mode_step", "mode = ?", (str(ModeKeys.coerce(mode)),))
+        column = "step" if mode is None else "mode_step"
+        clause, args = _where(None, mode, None)
         found = set()
         for table in ("scalars", "histograms", "tensors"):
-            found |= {s for (s,) in self.run._query(f"SELECT DISTINCT {column} FROM {table} WHERE tensor = ? AND {clause}", (self.name, *args))}
+            query = f"SELECT DISTINCT st.{column} {_JOIN.format(table=table)} WHERE t.tensor = ? AND {clause}"
+            found |= {s for (s,) in self.run._query(query, (self.name, *args))}
         return sorted(found)
 
     def reduction_names(self) -> list[str]:
-        return sorted({s for (s,) in self.run._query("SELECT DISTINCT stat FROM scalars WHERE tensor = ?", (self.name,)) if s})
+        table = "names" if self.run._has_names() else "scalars"
+        query = f"SELECT DISTINCT stat FROM {table} WHERE tensor = ?" + (" AND kind = 'scalar'" if table == "names" else "")
+        return sorted({s for (s,) in self.run._query(query, (self.name,)) if s})
 
     def reduction_value(
         self, step: int, name: str, abs: bool = False, mode: ModeKeys | str | None = None, worker: str | None = None
@@ -161,7 +185,8 @@ class TensorView:
         """One statistic at one step. ``abs=True`` reads ``abs_<name>``. With ``mode``, ``step`` is the mode step."""
         stat = f"abs_{name}" if abs and not name.startswith("abs_") else name
         where, args = _where(step, mode, worker)
-        rows = list(self.run._query(f"SELECT value FROM scalars WHERE tensor = ? AND stat = ? AND {where}", (self.name, stat, *args)))
+        query = f"SELECT t.value {_JOIN.format(table='scalars')} WHERE t.tensor = ? AND t.stat = ? AND {where}"
+        rows = list(self.run._query(query, (self.name, stat, *args)))
         if not rows:
             raise TensorNotFound(f"no {stat!r} of {self.name!r} at step {step}; recorded: {self.reduction_names()}")
         return _float(rows[0][0])
@@ -170,12 +195,9 @@ class TensorView:
         """``{step: value}`` of one statistic over the whole run."""
         stat = f"abs_{name}" if abs and not name.startswith("abs_") else name
         column = "step" if mode is None else "mode_step"
-        clause = "mode IN ('train', 'global')" if mode is None else "mode = ?"
-        args: tuple[Any, ...] = () if mode is None else (str(ModeKeys.coerce(mode)),)
-        if worker is not None:
-            clause += " AND worker = ?"
-            args += (worker,)
-        rows = self.run._query(f"SELECT {column}, value FROM scalars WHERE tensor = ? AND stat = ? AND {clause}", (self.name, stat, *args))
+        clause, args = _where(None, mode, worker)
+        query = f"SELECT st.{column}, t.value {_JOIN.format(table='scalars')} WHERE t.tensor = ? AND t.stat = ? AND {clause}"
+        rows = self.run._query(query, (self.name, stat, *args))
         return dict(sorted((s, _float(v)) for s, v in rows))
 
     def value(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> float:
@@ -192,7 +214,8 @@ class TensorView:
 
     def histogram_with_info(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
         where, args = _where(step, mode, worker)
-        rows = list(self.run._query(f"SELECT counts, edges, info FROM histograms WHERE tensor = ? AND {where}", (self.name, *args)))
+        query = f"SELECT t.counts, t.edges, t.info {_JOIN.format(table='histograms')} WHERE t.tensor = ? AND {where}"
+        rows = list(self.run._query(query, (self.name, *args)))
         if not rows:
             raise TensorNotFound(f"no histogram of {self.name!r} at step {step}")
         counts, edges, info = rows[0]

@@ -317,37 +317,43 @@ def merge_partials(rows: torch.Tensor) -> torch.Tensor:
 
 def finalize(row: np.ndarray, stat_names: tuple[str, ...] | list[str]) -> dict[str, float]:
     """Named statistics from one partial row (host, float64)."""
-    p = {name: float(row[i]) for i, name in enumerate(PARTIALS)}
+    table = finalize_rows(np.asarray(row, dtype=np.float64)[None, :])
+    return {name: float(table[name][0]) for name in stat_names}
+
+
+def finalize_rows(rows: np.ndarray) -> dict[str, np.ndarray]:
+    """Every named statistic of every partial row ``[N, len(PARTIALS)]``, as arrays ``[N]``.
+
+    Vectorised: the dispatcher thread turns a whole step into statistics in a few numpy calls
+    instead of a Python loop per tensor, so it holds the GIL (which the training thread needs
+    between any two torch ops) for as short a time as possible.
+    """
+    p = {name: rows[:, i] for i, name in enumerate(PARTIALS)}
     n = p["count"]
     empty = n == 0
-    nan = math.nan
-
-    def div(a: float, b: float) -> float:
-        return a / b if b else nan
-
+    nan = np.float64(math.nan)
     with np.errstate(all="ignore"):
-        linf = nan if empty else float(np.fmax(abs(p["min"]), abs(p["max"]))) if not (
-            math.isnan(p["min"]) or math.isnan(p["max"])
-        ) else nan
-        if empty:
-            linf = 0.0
-        variance = nan if empty else max(p["m2"] / n, 0.0) if not math.isnan(p["m2"]) else nan
-        abs_variance = nan if empty else max(p["abs_m2"] / n, 0.0) if not math.isnan(p["abs_m2"]) else nan
-        l2 = math.sqrt(max(p["sumsq"], 0.0)) if not math.isnan(p["sumsq"]) else nan
-        if p["nan_count"] > 0:  # numpy: a NaN makes every norm NaN, an Inf (without NaN) makes it Inf
-            l2 = nan
-        elif p["inf_count"] > 0:
-            l2 = math.inf
-        values = {
+        safe_n = np.where(empty, 1.0, n)
+        mean = np.where(empty, nan, p["sum"] / safe_n)
+        abs_mean = np.where(empty, nan, p["l1"] / safe_n)
+        # an empty tensor has norm 0 (numpy), a NaN bound makes it NaN
+        linf = np.where(empty, 0.0, np.where(np.isnan(p["min"]) | np.isnan(p["max"]), nan,
+                                             np.fmax(np.abs(p["min"]), np.abs(p["max"]))))
+        variance = np.where(empty, nan, np.maximum(p["m2"] / safe_n, 0.0))  # NaN m2 stays NaN
+        abs_variance = np.where(empty, nan, np.maximum(p["abs_m2"] / safe_n, 0.0))
+        l2 = np.sqrt(np.maximum(p["sumsq"], 0.0))
+        # numpy: a NaN makes every norm NaN, an Inf (without NaN) makes it Inf
+        l2 = np.where(p["nan_count"] > 0, nan, np.where(p["inf_count"] > 0, np.inf, l2))
+        return {
             "numel": n,
             "nan_count": p["nan_count"],
             "inf_count": p["inf_count"],
             "min": p["min"],
             "max": p["max"],
             "sum": p["sum"],
-            "mean": div(p["sum"], n),
+            "mean": mean,
             "variance": variance,
-            "std": math.sqrt(variance) if not math.isnan(variance) else nan,
+            "std": np.sqrt(variance),
             "prod": p["prod"],
             "median": p["median"],
             "l1": p["l1"],
@@ -356,17 +362,16 @@ def finalize(row: np.ndarray, stat_names: tuple[str, ...] | list[str]) -> dict[s
             "abs_min": p["abs_min"],
             "abs_max": linf,
             "abs_sum": p["l1"],
-            "abs_mean": div(p["l1"], n),
+            "abs_mean": abs_mean,
             "abs_variance": abs_variance,
-            "abs_std": math.sqrt(abs_variance) if not math.isnan(abs_variance) else nan,
-            "abs_prod": abs(p["prod"]),
+            "abs_std": np.sqrt(abs_variance),
+            "abs_prod": np.abs(p["prod"]),
             "abs_median": p["abs_median"],
             "abs_l1": p["l1"],
             "abs_l2": l2,
             "abs_linf": linf,
-            "zero_fraction": div(p["zero_count"], n),
+            "zero_fraction": np.where(empty, nan, p["zero_count"] / safe_n),
         }
-    return {name: values[name] for name in stat_names}
 
 
 # --------------------------------------------------------------------------------------------
@@ -451,35 +456,45 @@ def histogram_counts(
     groups = len(samples)
     device, dtype = low.device, low.dtype
     scale = (bins / (high.to(torch.float64) - low.to(torch.float64))).to(dtype)
-    total = sum(s.numel() for s in samples)
     trash = groups * bins  # the bin every value left out goes to (exact in float32 up to 2**24)
-    position = torch.empty(total, dtype=dtype, device=device)
     below = torch.zeros(groups, dtype=torch.int64, device=device)
     above = torch.zeros(groups, dtype=torch.int64, device=device)
-    offset = 0
-    # A few in-place ops per tensor into one buffer: expanding low/scale/offsets to every value
-    # (repeat_interleave) costs more than the binning itself.
+    # Samples of one length are stacked and binned together: a handful of ops per length instead
+    # of per tensor (most samples have the configured length), and no per-value expansion of
+    # low/scale/offsets (repeat_interleave costs more than the binning itself).
+    by_length: dict[int, list[int]] = {}
     for g, sample in enumerate(samples):
-        n = sample.numel()
-        out = position[offset : offset + n]
-        torch.sub(sample.reshape(-1).to(dtype), low[g], out=out).mul_(scale[g])
+        by_length.setdefault(sample.numel(), []).append(g)
+    positions = []
+    for length, members in by_length.items():
+        if length == 0:
+            continue
+        at = torch.tensor(members, device=device)
+        values = torch.stack([samples[g].reshape(-1) for g in members]).to(dtype)  # [k, length]
+        lo, hi, sc = low[at, None], high[at, None], scale[at, None]
+        position = torch.sub(values, lo).mul_(sc)
         # floor before adding the group's offset: 2.9999999 + 3200 would round up a bin in float32
-        out.nan_to_num_(0.0, float(bins - 1), 0.0).clamp_(0, bins - 1).floor_().add_(g * bins)
-        keep = None if masks is None else masks[g]
+        position.nan_to_num_(0.0, float(bins - 1), 0.0).clamp_(0, bins - 1).floor_()
+        position.add_((at * bins).to(dtype)[:, None])
+        keep = None
+        if masks is not None and any(masks[g] is not None for g in members):
+            keep = torch.stack([
+                masks[g].reshape(-1) if masks[g] is not None else torch.ones(length, dtype=torch.bool, device=device)
+                for g in members
+            ])
         if clip:
-            values = sample.reshape(-1)
-            is_below, is_above = values < low[g], values > high[g]
+            is_below, is_above = values < lo, values > hi
             if keep is not None:
-                is_below &= keep.reshape(-1)
-                is_above &= keep.reshape(-1)
-            below[g] = is_below.sum()
-            above[g] = is_above.sum()
+                is_below &= keep
+                is_above &= keep
+            below[at] = is_below.sum(1)
+            above[at] = is_above.sum(1)
             outside = is_below | is_above
-            keep = ~outside if keep is None else keep.reshape(-1) & ~outside
+            keep = ~outside if keep is None else keep & ~outside
         if keep is not None:
-            out.masked_fill_(~keep.reshape(-1), trash)
-        offset += n
-    index = position.to(torch.int64)  # whole numbers below 2**24: exact
+            position.masked_fill_(~keep, trash)
+        positions.append(position.reshape(-1))
+    index = torch.cat(positions).to(torch.int64) if positions else torch.zeros(0, dtype=torch.int64, device=device)
     counts = torch.bincount(index, minlength=trash + 1)[:trash].reshape(groups, bins)
     return counts, scale, below, above
 
@@ -503,25 +518,74 @@ def exact_edges(low: np.ndarray, high: np.ndarray, scale: np.ndarray, bins: int,
 
     Edge ``i`` of histogram ``g`` is the smallest value ``x`` of ``dtype`` in ``[low, high]`` with
     ``floor((x - low) * scale) >= i``, evaluated in exactly the arithmetic the device used. The
-    bin is a monotone function of ``x``, so a bisection over the ordered bit patterns finds every
-    edge of every histogram at once in 32 (float32) or 64 (float64) vectorised steps. Edge 0 is
-    ``low`` and the last is ``high`` (the last bin is closed); bins too narrow for ``dtype`` come
-    out empty, with equal edges, which numpy accepts.
+    bin is a monotone function of ``x``, so a bisection over the ordered bit patterns finds it.
+    The bisection starts from a window of a few ulps around ``low + i / scale`` (two roundings
+    away from the edge, so almost always inside it) and falls back to all of ``[low, high]`` for
+    the edges the window misses (near zero an ulp is tiny). Edge 0 is ``low`` and the last is
+    ``high`` (the last bin is closed); bins too narrow for ``dtype`` come out empty, with equal
+    edges, which numpy accepts.
     """
     dtype = np.dtype(dtype)
     lo = np.asarray(low, dtype=np.float64).astype(dtype)[:, None]
     hi = np.asarray(high, dtype=np.float64).astype(dtype)[:, None]
     sc = np.asarray(scale, dtype=np.float64).astype(dtype)[:, None]
-    target = np.arange(1, bins, dtype=np.float64)[None, :]
-    left = np.broadcast_to(_ordered_bits(lo), (lo.shape[0], bins - 1)).copy()
-    right = np.broadcast_to(_ordered_bits(hi), left.shape).copy()
+    shape = (lo.shape[0], bins - 1)
+    target = np.broadcast_to(np.arange(1, bins, dtype=np.float64)[None, :], shape)
+    floor_key = np.broadcast_to(_ordered_bits(lo), shape)
+    ceil_key = np.broadcast_to(_ordered_bits(hi), shape)
     with np.errstate(all="ignore"):
-        for _ in range(8 * dtype.itemsize):  # invariant: the edge lies in [left, right]
-            middle = (left >> 1) + (right >> 1) + (left & right & 1)  # floor((l + r) / 2) without overflow
-            x = _from_ordered_bits(middle, dtype)
-            reached = np.floor((x - lo) * sc) >= target  # float32 ops stay float32, as on the device
-            right = np.where(reached, middle, right)
-            left = np.where(reached, left, middle + 1)
-    inner = _from_ordered_bits(right, dtype).astype(np.float64)
+        guess = (lo.astype(np.float64) + target / sc.astype(np.float64)).astype(dtype)
+        guess_key = np.clip(_ordered_bits(np.nan_to_num(guess)), floor_key, ceil_key)
+        left = np.maximum(guess_key - _WINDOW_ULPS, floor_key)
+        right = np.minimum(guess_key + _WINDOW_ULPS, ceil_key)
+        lo_b, sc_b = np.broadcast_to(lo, shape), np.broadcast_to(sc, shape)
+        # the edge lies in (left, right] when right reaches the bin and left does not (or is low itself)
+        inside = _reached(right, lo_b, sc_b, target, dtype) & (
+            (left == floor_key) | ~_reached(left, lo_b, sc_b, target, dtype)
+        )
+        left = np.where(inside & (left != floor_key), left + 1, np.where(inside, left, floor_key))
+        right = np.where(inside, right, ceil_key)
+        edge = _bisect(left, right, lo_b, sc_b, target, dtype)
+    inner = _from_ordered_bits(edge, dtype).astype(np.float64)
     edges = np.concatenate([lo.astype(np.float64), inner, hi.astype(np.float64)], axis=1)
     return np.maximum.accumulate(edges, axis=1)
+
+
+#: Half-width of the first bisection window of :func:`exact_edges`, in ulps.
+_WINDOW_ULPS = 8
+
+
+def _reached(keys: np.ndarray, lo: np.ndarray, sc: np.ndarray, target: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Whether the value with ordered bits ``keys`` falls in bin ``target`` or above."""
+    x = _from_ordered_bits(keys, dtype)
+    return np.floor((x - lo) * sc) >= target  # float32 ops stay float32, as on the device
+
+
+def _bisect(
+    left: np.ndarray, right: np.ndarray, lo: np.ndarray, sc: np.ndarray, target: np.ndarray, dtype: np.dtype
+) -> np.ndarray:
+    """The smallest key in ``[left, right]`` that reaches ``target`` (``right`` if none does).
+
+    The narrow windows are closed in a few whole-array rounds; the rare wide fallbacks are then
+    bisected on their own, so they do not make every edge pay for 32 rounds.
+    """
+    left, right = left.copy(), right.copy()
+    narrow = right <= left + 2 * _WINDOW_ULPS  # not right - left: that overflows across zero
+    wide = np.flatnonzero(~narrow.reshape(-1))
+    lo, sc, target = (np.broadcast_to(a, left.shape) for a in (lo, sc, target))
+    # in the wide entries the whole-array rounds are harmless: they only shrink [left, right]
+    for _ in range(int(2 * _WINDOW_ULPS + 1).bit_length()):
+        middle = (left >> 1) + (right >> 1) + (left & right & 1)  # floor((l + r) / 2) without overflow
+        reached = _reached(middle, lo, sc, target, dtype)
+        right = np.where(reached, middle, right)
+        left = np.where(reached, left, np.minimum(middle + 1, right))
+    if wide.size:
+        l, r = left.reshape(-1)[wide], right.reshape(-1)[wide]
+        lo_w, sc_w, t_w = (a.reshape(-1)[wide] for a in (lo, sc, target))
+        while np.any(l < r):
+            middle = (l >> 1) + (r >> 1) + (l & r & 1)
+            reached = _reached(middle, lo_w, sc_w, t_w, dtype)
+            r = np.where(reached, middle, r)
+            l = np.where(reached, l, np.minimum(middle + 1, r))
+        right.reshape(-1)[wide] = r
+    return right

@@ -19,7 +19,10 @@ import numpy as np
 
 from tensorlens.records import StepRecord
 
-SCHEMA_VERSION = "2"
+# 3: every table keyed step-first, so a step's rows are appended together (tensor-first keys
+#    scattered a step over hundreds of B-tree pages: 5-8 ms per step instead of 2), and a
+#    ``names`` table answers "which tensors and statistics" without scanning the run.
+SCHEMA_VERSION = "3"
 FILE_PATTERN = re.compile(r"^tensorlens(-[\w.\-]+)?\.sqlite$")
 
 _SCHEMA = """
@@ -31,16 +34,19 @@ CREATE TABLE IF NOT EXISTS steps (
 CREATE TABLE IF NOT EXISTS scalars (
     tensor TEXT NOT NULL, stat TEXT NOT NULL, mode TEXT NOT NULL, mode_step INTEGER NOT NULL,
     worker TEXT NOT NULL, step INTEGER NOT NULL, value REAL,
-    PRIMARY KEY (tensor, stat, mode, mode_step, worker)) WITHOUT ROWID;
+    PRIMARY KEY (mode, mode_step, worker, tensor, stat)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS histograms (
     tensor TEXT NOT NULL, mode TEXT NOT NULL, mode_step INTEGER NOT NULL, worker TEXT NOT NULL,
     step INTEGER NOT NULL, counts BLOB NOT NULL, edges BLOB NOT NULL, info TEXT NOT NULL,
-    PRIMARY KEY (tensor, mode, mode_step, worker));
+    PRIMARY KEY (mode, mode_step, worker, tensor));
 CREATE TABLE IF NOT EXISTS tensors (
     tensor TEXT NOT NULL, mode TEXT NOT NULL, mode_step INTEGER NOT NULL, worker TEXT NOT NULL,
     step INTEGER NOT NULL, wall_time REAL NOT NULL, data BLOB NOT NULL,
-    PRIMARY KEY (tensor, mode, mode_step, worker));
+    PRIMARY KEY (mode, mode_step, worker, tensor));
 CREATE TABLE IF NOT EXISTS shapes (tensor TEXT PRIMARY KEY, shape TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS names (
+    tensor TEXT NOT NULL, kind TEXT NOT NULL, stat TEXT NOT NULL,
+    PRIMARY KEY (tensor, kind, stat)) WITHOUT ROWID;
 """
 
 
@@ -100,6 +106,9 @@ class RunStoreWriter:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.path = path
         self._db = connect(path)
+        # rows of ``names`` and ``shapes`` already written: rewriting them every step dirties pages
+        self._known: set[tuple[str, str, str]] = set()
+        self._shapes: dict[str, tuple[int, ...]] = {}
         with self._db:
             self._db.executescript(_SCHEMA)
             self._db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
@@ -127,10 +136,19 @@ class RunStoreWriter:
                 "INSERT OR REPLACE INTO tensors VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [(t.tensor, *where, record.wall_time, encode_array(t.value)) for t in record.tensors],
             )
+            names = [(e.tensor, "scalar", e.stat or "") for e in record.scalars]
+            names += [(h.tensor, "histogram", "") for h in record.histograms]
+            names += [(t.tensor, "tensor", "") for t in record.tensors]
+            new = [key for key in dict.fromkeys(names) if key not in self._known]
+            self._db.executemany("INSERT OR IGNORE INTO names VALUES (?, ?, ?)", new)
+            shapes = {name: shape for name, shape in record.shapes.items() if self._shapes.get(name) != shape}
             self._db.executemany(
                 "INSERT OR REPLACE INTO shapes VALUES (?, ?)",
-                [(name, json.dumps(list(shape))) for name, shape in record.shapes.items()],
+                [(name, json.dumps(list(shape))) for name, shape in shapes.items()],
             )
+        # only once committed: a failed transaction must write them again
+        self._known.update(new)
+        self._shapes.update(shapes)
 
     def close(self) -> None:
         self._db.close()

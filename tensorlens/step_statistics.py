@@ -27,7 +27,7 @@ from tensorlens.reductions import (
     PARTIALS,
     as_values,
     exact_edges,
-    finalize,
+    finalize_rows,
     histogram_counts,
     histogram_range,
     needed_columns,
@@ -123,44 +123,49 @@ class HostStatistics:
         return out
 
     def entries(self) -> tuple[list[ScalarEntry], list[HistogramEntry], list[TensorEntry], dict[str, tuple[int, ...]]]:
-        scalars: list[ScalarEntry] = []
-        histograms: list[HistogramEntry] = []
+        # Runs on the dispatcher thread, which shares the GIL with the training thread: the
+        # statistics of all tensors are computed in a few vectorised numpy calls, and the GIL is
+        # handed back between the stages.
         tensors = [TensorEntry(self.jobs[i].name, value) for i, value in self.raw.items()]
         shapes = {job.name: job.shape for job in self.jobs if job.shape is not None}
+        table = {name: column.tolist() for name, column in finalize_rows(self.rows).items()}
+        count, total = self.rows[:, COL["count"]], self.rows[:, COL["sum"]]
+        with np.errstate(all="ignore"):  # a scalar called several times in a step is recorded as the mean
+            plain = np.where(count > 0, total / np.where(count > 0, count, 1.0), math.nan).tolist()
+        scalars = [
+            entry
+            for i, job in enumerate(self.jobs)
+            for entry in (
+                [ScalarEntry(job.name, None, plain[i])]
+                if job.plain_scalar
+                else [ScalarEntry(job.name, stat, table[stat][i]) for stat in job.stats]
+            )
+        ]
+        time.sleep(0)
         edges = self._edges()
-        for i, job in enumerate(self.jobs):
-            if i % 8 == 7:
-                # Runs on the dispatcher thread: hand the GIL back to the training thread often.
-                # Otherwise it waits up to the interpreter's 5 ms switch interval each time it
-                # needs the GIL between two torch ops.
-                time.sleep(0)
-            row = self.rows[i]
-            if job.plain_scalar:  # a scalar called several times in a step is recorded as the mean
-                count = row[COL["count"]]
-                scalars.append(ScalarEntry(job.name, None, float(row[COL["sum"]] / count) if count else float("nan")))
-                continue
-            for stat, value in finalize(row, job.stats).items():
-                scalars.append(ScalarEntry(job.name, stat, value))
-            hist = self.histograms.get(i)
-            if hist is not None:
-                histograms.append(
-                    HistogramEntry(
-                        tensor=job.name,
-                        counts=hist.counts,
-                        edges=edges[i],
-                        min=hist.data_low,
-                        max=hist.data_high,
-                        count=hist.binned,
-                        sum=float(row[COL["sum"]]),
-                        sum_squares=float(row[COL["sumsq"]]) if not math.isnan(row[COL["sumsq"]]) else float("nan"),
-                        nan_count=int(row[COL["nan_count"]]),
-                        inf_count=int(row[COL["inf_count"]]),
-                        rejected=hist.rejected,
-                        underflow=hist.underflow,
-                        overflow=hist.overflow,
-                        sampled=hist.sampled,
-                    )
+        time.sleep(0)
+        histograms = []
+        sums, sumsq = table["sum"], self.rows[:, COL["sumsq"]].tolist()
+        nan_counts, inf_counts = table["nan_count"], table["inf_count"]
+        for i, hist in sorted(self.histograms.items()):
+            histograms.append(
+                HistogramEntry(
+                    tensor=self.jobs[i].name,
+                    counts=hist.counts,
+                    edges=edges[i],
+                    min=hist.data_low,
+                    max=hist.data_high,
+                    count=hist.binned,
+                    sum=sums[i],
+                    sum_squares=sumsq[i],
+                    nan_count=int(nan_counts[i]),
+                    inf_count=int(inf_counts[i]),
+                    rejected=hist.rejected,
+                    underflow=hist.underflow,
+                    overflow=hist.overflow,
+                    sampled=hist.sampled,
                 )
+            )
         return scalars, histograms, tensors, shapes
 
 
