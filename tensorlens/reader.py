@@ -6,16 +6,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import math
 import sqlite3
+import struct
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from tensorlens.modes import ModeKeys
-from tensorlens.run_store import connect, decode_array, decode_counts, decode_edges, store_files
+from tensorlens.run_store import (
+    HISTOGRAM_INFO,
+    SCHEMA_VERSION,
+    connect,
+    decode_array,
+    decode_f8,
+    histogram_info,
+    store_files,
+)
 
 
 class TensorDescriptor(NamedTuple):
@@ -30,6 +39,28 @@ class TensorNotFound(KeyError):
     """The requested tensor, statistic or step is not in the run."""
 
 
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """The names of one packed row (see :mod:`tensorlens.run_store`): which value is which."""
+
+    kind: str  # "scalars" or "histograms"
+    tensors: frozenset[str]
+    scalar_index: dict[tuple[str, str], int]  # (tensor, stat) -> position (the last one if repeated)
+    histogram_index: dict[str, tuple[int, int, int, int]]  # tensor -> (row, bins, counts offset, edges offset)
+
+    @classmethod
+    def parse(cls, kind: str, names: list[list[Any]]) -> _Layout:
+        if kind == "scalars":
+            index = {(tensor, stat): i for i, (tensor, stat) in enumerate(names)}
+            return cls(kind, frozenset(t for t, _ in names), index, {})
+        hist_index, counts_at, edges_at = {}, 0, 0
+        for row, (tensor, bins) in enumerate(names):
+            hist_index[tensor] = (row, bins, counts_at, edges_at)
+            counts_at += bins
+            edges_at += bins + 1
+        return cls(kind, frozenset(hist_index), {}, hist_index)
+
+
 class Run:
     """A run folder opened for reading. Cheap to create; every query reads the current files."""
 
@@ -39,6 +70,18 @@ class Run:
             raise FileNotFoundError(f"no tensorlens run store (tensorlens*.sqlite) in {path!r}")
         self.path = path
         self._dbs = [connect(f, readonly=True) for f in files]
+        self._layouts: dict[tuple[int, int], _Layout] = {}  # (file, layout id): immutable once written
+        for f, db in zip(files, self._dbs, strict=True):
+            try:
+                found = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            except sqlite3.OperationalError:  # created but not yet initialised by its writer
+                continue
+            if found is not None and found[0] != SCHEMA_VERSION:
+                self.close()
+                raise ValueError(
+                    f"{f!r} has run store schema {found[0]}; this tensorlens reads schema {SCHEMA_VERSION} "
+                    "(open it with the tensorlens version that wrote it)"
+                )
 
     def close(self) -> None:
         for db in self._dbs:
@@ -58,9 +101,25 @@ class Run:
                 if "no such table" not in str(err):
                     raise
 
-    def _has_names(self) -> bool:
-        """Whether the files list their tensors in a ``names`` table (schema 3 and later)."""
-        return any(True for _ in self._query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'names'"))
+    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> Iterator[tuple[int, tuple[Any, ...]]]:
+        """Like :meth:`_query`, with the index of the file each row comes from."""
+        for k, db in enumerate(self._dbs):
+            try:
+                for row in db.execute(sql, args):
+                    yield k, row
+            except sqlite3.OperationalError as err:
+                if "no such table" not in str(err):
+                    raise
+
+    def _layout(self, file: int, layout_id: int) -> _Layout:
+        found = self._layouts.get((file, layout_id))
+        if found is None:
+            kind, names = self._dbs[file].execute("SELECT kind, names FROM layouts WHERE id = ?", (layout_id,)).fetchone()
+            found = self._layouts[(file, layout_id)] = _Layout.parse(kind, json.loads(names))
+        return found
+
+    def _all_layouts(self) -> list[_Layout]:
+        return [self._layout(k, layout_id) for k, (layout_id,) in self._rows("SELECT id FROM layouts")]
 
     @property
     def meta(self) -> dict[str, str]:
@@ -83,12 +142,8 @@ class Run:
         """Names like ``"gradients/fc1.weight"``, optionally of one collection or matching ``regex``."""
         import re
 
-        if self._has_names():
-            names = {t for (t,) in self._query("SELECT DISTINCT tensor FROM names")}
-        else:  # schema 2: scan the data tables
-            names = {t for (t,) in self._query("SELECT DISTINCT tensor FROM scalars")}
-            names |= {t for (t,) in self._query("SELECT DISTINCT tensor FROM histograms")}
-            names |= {t for (t,) in self._query("SELECT DISTINCT tensor FROM tensors")}
+        names = {t for layout in self._all_layouts() for t in layout.tensors}
+        names |= {t for (t,) in self._query("SELECT DISTINCT tensor FROM tensors")}
         if collection is not None:
             names = {n for n in names if n.split("/", 1)[0] == collection}
         if regex is not None:
@@ -121,8 +176,10 @@ class Run:
         """Every scalar of one step as ``{key: value}`` (keys ``"collection/tensor/stat"``)."""
         where, args = _where(step, mode, worker)
         out = {}
-        for tensor, stat, value in self._query(f"SELECT t.tensor, t.stat, t.value {_JOIN.format(table='scalars')} WHERE {where}", args):
-            out[f"{tensor}/{stat}" if stat else tensor] = _float(value)
+        for k, (layout_id, data) in self._rows(f"SELECT t.layout, t.data {_JOIN.format(table='scalars')} WHERE {where}", args):
+            values = decode_f8(data).tolist()
+            for (tensor, stat), i in self._layout(k, layout_id).scalar_index.items():
+                out[f"{tensor}/{stat}" if stat else tensor] = values[i]
         return out
 
 
@@ -151,8 +208,8 @@ def _where(step: int | None, mode: ModeKeys | str | None, worker: str | None) ->
     return clause, tuple(args)
 
 
-def _float(value: float | None) -> float:
-    return math.nan if value is None else float(value)
+def _scalar(data: bytes, position: int) -> float:
+    return struct.unpack_from("<d", data, 8 * position)[0]
 
 
 class TensorView:
@@ -169,15 +226,17 @@ class TensorView:
         column = "step" if mode is None else "mode_step"
         clause, args = _where(None, mode, None)
         found = set()
-        for table in ("scalars", "histograms", "tensors"):
-            query = f"SELECT DISTINCT st.{column} {_JOIN.format(table=table)} WHERE t.tensor = ? AND {clause}"
-            found |= {s for (s,) in self.run._query(query, (self.name, *args))}
+        for table in ("scalars", "histograms"):
+            query = f"SELECT st.{column}, t.layout {_JOIN.format(table=table)} WHERE {clause}"
+            found |= {s for k, (s, layout_id) in self.run._rows(query, args) if self.name in self.run._layout(k, layout_id).tensors}
+        query = f"SELECT DISTINCT st.{column} {_JOIN.format(table='tensors')} WHERE t.tensor = ? AND {clause}"
+        found |= {s for (s,) in self.run._query(query, (self.name, *args))}
         return sorted(found)
 
     def reduction_names(self) -> list[str]:
-        table = "names" if self.run._has_names() else "scalars"
-        query = f"SELECT DISTINCT stat FROM {table} WHERE tensor = ?" + (" AND kind = 'scalar'" if table == "names" else "")
-        return sorted({s for (s,) in self.run._query(query, (self.name,)) if s})
+        return sorted({
+            stat for layout in self.run._all_layouts() for (tensor, stat) in layout.scalar_index if tensor == self.name and stat
+        })
 
     def reduction_value(
         self, step: int, name: str, abs: bool = False, mode: ModeKeys | str | None = None, worker: str | None = None
@@ -185,20 +244,25 @@ class TensorView:
         """One statistic at one step. ``abs=True`` reads ``abs_<name>``. With ``mode``, ``step`` is the mode step."""
         stat = f"abs_{name}" if abs and not name.startswith("abs_") else name
         where, args = _where(step, mode, worker)
-        query = f"SELECT t.value {_JOIN.format(table='scalars')} WHERE t.tensor = ? AND t.stat = ? AND {where}"
-        rows = list(self.run._query(query, (self.name, stat, *args)))
-        if not rows:
-            raise TensorNotFound(f"no {stat!r} of {self.name!r} at step {step}; recorded: {self.reduction_names()}")
-        return _float(rows[0][0])
+        query = f"SELECT t.layout, t.data {_JOIN.format(table='scalars')} WHERE {where}"
+        for k, (layout_id, data) in self.run._rows(query, args):
+            position = self.run._layout(k, layout_id).scalar_index.get((self.name, stat))
+            if position is not None:
+                return _scalar(data, position)
+        raise TensorNotFound(f"no {stat!r} of {self.name!r} at step {step}; recorded: {self.reduction_names()}")
 
     def reduction_values(self, name: str, abs: bool = False, mode: ModeKeys | str | None = None, worker: str | None = None) -> dict[int, float]:
         """``{step: value}`` of one statistic over the whole run."""
         stat = f"abs_{name}" if abs and not name.startswith("abs_") else name
         column = "step" if mode is None else "mode_step"
         clause, args = _where(None, mode, worker)
-        query = f"SELECT st.{column}, t.value {_JOIN.format(table='scalars')} WHERE t.tensor = ? AND t.stat = ? AND {clause}"
-        rows = self.run._query(query, (self.name, stat, *args))
-        return dict(sorted((s, _float(v)) for s, v in rows))
+        query = f"SELECT st.{column}, t.layout, t.data {_JOIN.format(table='scalars')} WHERE {clause}"
+        out = {}
+        for k, (s, layout_id, data) in self.run._rows(query, args):
+            position = self.run._layout(k, layout_id).scalar_index.get((self.name, stat))
+            if position is not None:
+                out[s] = _scalar(data, position)
+        return dict(sorted(out.items()))
 
     def value(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> float:
         """A plain scalar (a loss, ``save_scalar``, ``summarize_scalar``) at one step."""
@@ -214,12 +278,18 @@ class TensorView:
 
     def histogram_with_info(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
         where, args = _where(step, mode, worker)
-        query = f"SELECT t.counts, t.edges, t.info {_JOIN.format(table='histograms')} WHERE t.tensor = ? AND {where}"
-        rows = list(self.run._query(query, (self.name, *args)))
-        if not rows:
-            raise TensorNotFound(f"no histogram of {self.name!r} at step {step}")
-        counts, edges, info = rows[0]
-        return decode_counts(counts), decode_edges(edges), json.loads(info)
+        query = f"SELECT t.layout, t.counts, t.edges, t.info {_JOIN.format(table='histograms')} WHERE {where}"
+        for k, (layout_id, counts, edges, info) in self.run._rows(query, args):
+            found = self.run._layout(k, layout_id).histogram_index.get(self.name)
+            if found is not None:
+                row, bins, counts_at, edges_at = found
+                width = len(HISTOGRAM_INFO)
+                return (
+                    np.frombuffer(counts, dtype="<i8", count=bins, offset=8 * counts_at).astype(np.int64),
+                    np.frombuffer(edges, dtype="<f8", count=bins + 1, offset=8 * edges_at).astype(np.float64),
+                    histogram_info(np.frombuffer(info, dtype="<f8", count=width, offset=8 * width * row)),
+                )
+        raise TensorNotFound(f"no histogram of {self.name!r} at step {step}")
 
 
 def open_run(path: str) -> Run:

@@ -580,12 +580,12 @@ def _bisect(
         right = np.where(reached, middle, right)
         left = np.where(reached, left, np.minimum(middle + 1, right))
     if wide.size:
-        l, r = left.reshape(-1)[wide], right.reshape(-1)[wide]
+        low_key, high_key = left.reshape(-1)[wide], right.reshape(-1)[wide]
         lo_w, sc_w, t_w = (a.reshape(-1)[wide] for a in (lo, sc, target))
-        while np.any(l < r):
-            middle = (l >> 1) + (r >> 1) + (l & r & 1)
+        while np.any(low_key < high_key):
+            middle = (low_key >> 1) + (high_key >> 1) + (low_key & high_key & 1)
             reached = _reached(middle, lo_w, sc_w, t_w, dtype)
-            r = np.where(reached, middle, r)
-            l = np.where(reached, l, np.minimum(middle + 1, r))
-        right.reshape(-1)[wide] = r
+            high_key = np.where(reached, middle, high_key)
+            low_key = np.where(reached, low_key, np.minimum(middle + 1, high_key))
+        right.reshape(-1)[wide] = high_key
     return right

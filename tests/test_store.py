@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -111,3 +112,52 @@ def test_nan_survives_the_store(tmp_path) -> None:
     view = tl.open_run(str(tmp_path / "run")).tensor("summaries/t")
     assert view.reduction_value(step=0, name="nan_count") == 1
     assert view.reduction_value(step=0, name="mean") != view.reduction_value(step=0, name="mean")  # NaN
+
+
+def _record(step: int, tensors: list[str], value: float) -> tl.StepRecord:
+    scalars = [tl.ScalarEntry(name, stat, value + i) for i, name in enumerate(tensors) for stat in ("mean", "l2")]
+    scalars.append(tl.ScalarEntry("losses/loss", None, -value))
+    histograms = [
+        tl.HistogramEntry(name, np.arange(bins, dtype=np.int64) * (step + 1), np.linspace(-1.0, 1.0, bins + 1),
+                          -1.0, 1.0, int(np.arange(bins).sum() * (step + 1)), 0.5, 2.5, nan_count=step, sampled=bool(step % 2))
+        for name, bins in zip(tensors, (3, 5, 7), strict=False)
+    ]
+    return tl.StepRecord(step, tl.ModeKeys.TRAIN, step, "worker_0", 1000.0 + step, scalars=scalars, histograms=histograms)
+
+
+def test_packed_rows_read_back_across_changing_layouts(tmp_path) -> None:
+    # A step's scalars and histograms are packed into one row each, named by a layout; the set of
+    # tensors changes between steps (a module not called, a collection switched on).
+    from tensorlens.run_store import RunStoreWriter
+
+    writer = RunStoreWriter(str(tmp_path / "tensorlens.sqlite"))
+    layouts = [["weights/a", "weights/b"], ["weights/a", "weights/b"], ["weights/b", "gradients/c"], ["weights/a", "weights/b"]]
+    for step, names in enumerate(layouts):
+        writer.write(_record(step, names, float(step)))
+    writer.close()
+    run = tl.open_run(str(tmp_path))
+    assert run.tensor_names() == ["gradients/c", "losses/loss", "weights/a", "weights/b"]
+    assert run.tensor("weights/a").reduction_values("mean") == {0: 0.0, 1: 1.0, 3: 3.0}
+    assert run.tensor("weights/b").reduction_values("l2") == {0: 1.0, 1: 2.0, 2: 2.0, 3: 4.0}
+    assert run.tensor("gradients/c").steps() == [2]
+    assert run.tensor("losses/loss").values() == {0: -0.0, 1: -1.0, 2: -2.0, 3: -3.0}
+    assert run.tensor("weights/b").reduction_names() == ["l2", "mean"]
+    assert run.scalars(step=2) == {"weights/b/mean": 2.0, "weights/b/l2": 2.0, "gradients/c/mean": 3.0,
+                                   "gradients/c/l2": 3.0, "losses/loss": -2.0}
+    counts, edges, info = run.tensor("gradients/c").histogram_with_info(step=2)
+    np.testing.assert_array_equal(counts, np.arange(5) * 3)
+    np.testing.assert_array_equal(edges, np.linspace(-1.0, 1.0, 6))
+    assert info == {"min": -1.0, "max": 1.0, "count": 30, "sum": 0.5, "sum_squares": 2.5, "nan_count": 2,
+                    "inf_count": 0, "rejected": 0, "underflow": 0, "overflow": 0, "sampled": False}
+    with pytest.raises(KeyError, match="no histogram"):
+        run.tensor("weights/a").histogram(step=2)
+
+
+def test_a_store_of_another_schema_is_refused_clearly(tmp_path) -> None:
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "tensorlens.sqlite") as db:
+        db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        db.execute("INSERT INTO meta VALUES ('schema_version', '2')")
+    with pytest.raises(ValueError, match="schema 2; this tensorlens reads schema 3"):
+        tl.open_run(str(tmp_path))
