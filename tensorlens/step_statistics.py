@@ -20,6 +20,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from tensorlens import native
 from tensorlens.config import HistogramConfig
 from tensorlens.records import HistogramEntry, ScalarEntry, TensorEntry
 from tensorlens.reductions import (
@@ -32,8 +33,9 @@ from tensorlens.reductions import (
     histogram_range,
     needed_columns,
     nonfinite_counts,
-    partial_rows,
+    partial_rows_and_samples,
     reject_outliers,
+    sample_stride,
     strided_sample,
 )
 
@@ -246,12 +248,16 @@ class StepStatistics:
         device = values[0].device
         values = [v.to(device) for v in values]
         partitioned = [job.partitioned for job in jobs]
-        rows = partial_rows(values, [needed_columns(job.stats) for job in jobs], self._scratch_for)
+        strides = {
+            i: sample_stride(values[i].numel(), meta.histogram.sample, meta.period)
+            for i, meta in enumerate(metas) if meta.histogram is not None and meta.histogram.reject_outliers <= 0.0
+        }
+        rows, gathered = partial_rows_and_samples(values, [needed_columns(job.stats) for job in jobs], self._scratch_for, strides)
         if reducer is not None:
             rows = reducer.merge_rows(rows, torch.tensor(partitioned, device=device))
         hist_index = [i for i, meta in enumerate(metas) if meta.histogram is not None]
         device_hists = self._histograms(
-            hist_index, values, metas, rows[:, COL["min"]], rows[:, COL["max"]], None, partitioned, reducer
+            hist_index, values, metas, rows[:, COL["min"]], rows[:, COL["max"]], None, partitioned, reducer, gathered
         )
         host_rows, host_hists = self._copy(rows, device_hists)
 
@@ -314,11 +320,13 @@ class StepStatistics:
         masks: dict[int, torch.Tensor] | None,
         partitioned: list[bool],
         reducer: WorkerReducer | None,
+        gathered: dict[int, torch.Tensor] | None = None,
     ) -> list[_DeviceHistograms]:
         """Histograms of the jobs in ``index``, batched by (bins, dtype, fixed range).
 
         ``lows``/``highs`` ``[N]`` give each tensor's range unless its config fixes one or rejects
-        outliers; ``masks[i]`` (over the sample) leaves values out.
+        outliers; ``masks[i]`` (over the sample) leaves values out. ``gathered[i]``, where given,
+        is tensor ``i``'s strided sample, already gathered (by the compiled kernel).
         """
         groups: dict[tuple[int, torch.dtype, tuple[float, float] | None], list[int]] = {}
         for i in index:
@@ -326,6 +334,10 @@ class StepStatistics:
             groups.setdefault((config.bins, values[i].dtype, config.range), []).append(i)
         out = []
         for (bins, dtype, fixed), members in groups.items():
+            native_group = self._native_histograms(members, values, metas, lows, highs, masks, bins, dtype, fixed, gathered or {})
+            if native_group is not None:
+                out.append(_merge_workers(native_group, partitioned, reducer))
+                continue
             device = values[members[0]].device
             where = torch.tensor(members, device=device)
             samples, group_masks, sampled = [], [], []
@@ -355,13 +367,57 @@ class StepStatistics:
             extra = torch.stack(
                 [low, high, scale, data_low, data_high, counts.sum(1), rejected, below, above]
             ).to(torch.float64).T.contiguous()
-            if reducer is not None and any(partitioned[i] for i in members):  # agreed: same on every rank
-                # replicated tensors are identical on every rank: summing them would count world_size times
-                shared = torch.tensor([partitioned[i] for i in members], device=device)
-                counts = torch.where(shared[:, None], reducer.sum(counts), counts)
-                extra[:, 5:] = torch.where(shared[:, None], reducer.sum(extra[:, 5:]), extra[:, 5:])
-            out.append(_DeviceHistograms(members, counts, extra, sampled, dtype))
+            out.append(_merge_workers(_DeviceHistograms(members, counts, extra, sampled, dtype), partitioned, reducer))
         return out
+
+    def _native_histograms(
+        self,
+        members: list[int],
+        values: list[torch.Tensor],
+        metas: list[_JobMeta],
+        lows: torch.Tensor,
+        highs: torch.Tensor,
+        masks: dict[int, torch.Tensor] | None,
+        bins: int,
+        dtype: torch.dtype,
+        fixed: tuple[float, float] | None,
+        gathered: dict[int, torch.Tensor],
+    ) -> _DeviceHistograms | None:
+        """The group binned by the compiled kernel (CPU tensors, no mask, no outlier rejection):
+        the same ranges, scales and bins as the PyTorch path, without its per-tensor ops."""
+        if (
+            lows.device.type != "cpu"
+            or (masks and any(i in masks for i in members))
+            or any(metas[i].histogram.reject_outliers > 0.0 for i in members)
+            or not all(native.supports(values[i]) for i in members)
+            or not native.available()
+        ):
+            return None
+        where = np.array(members)
+        data_low = lows.numpy()[where].astype(np.float64)
+        data_high = highs.numpy()[where].astype(np.float64)
+        low, high = (data_low, data_high) if fixed is None else (np.full_like(data_low, fixed[0]), np.full_like(data_high, fixed[1]))
+        np_dtype = np.float32 if dtype == torch.float32 else np.float64
+        # histogram_range: no range (all NaN, empty) -> [-0.5, 0.5]; a point widened by 0.5 each side
+        missing = ~(np.isfinite(low) & np.isfinite(high))
+        low, high = np.where(missing, 0.0, low), np.where(missing, 0.0, high)
+        same = low >= high
+        low = np.where(same, low - 0.5, low).astype(np_dtype)
+        high = np.where(same, high + 0.5, high).astype(np_dtype)
+        with np.errstate(divide="ignore"):
+            scale = (bins / (high.astype(np.float64) - low.astype(np.float64))).astype(np_dtype)
+        strides = [sample_stride(values[i].numel(), metas[i].histogram.sample, metas[i].period) for i in members]
+        # a sample gathered by the moments kernel is read contiguously; else every stride-th value
+        sources = [gathered[i] if i in gathered else values[i] for i in members]
+        read_every = [1 if i in gathered else stride for i, stride in zip(members, strides, strict=True)]
+        found = native.histograms(sources, read_every, low, high, scale, bins, clip=fixed is not None)
+        if found is None:
+            return None
+        counts, below, above = found
+        binned = counts.sum(1)
+        extra = np.stack([low, high, scale, data_low, data_high, binned, np.zeros(len(members)), below, above]).astype(np.float64).T
+        sampled = [stride > 1 for stride in strides]
+        return _DeviceHistograms(members, torch.from_numpy(counts), torch.from_numpy(np.ascontiguousarray(extra)), sampled, dtype)
 
     def _copy(self, rows: torch.Tensor, hists: list[_DeviceHistograms]) -> tuple[np.ndarray, dict[int, _HostHistogram]]:
         """One device-to-host copy of ``rows`` and every histogram."""
@@ -387,6 +443,20 @@ class StepStatistics:
                     int(binned), int(rejected), int(underflow), int(overflow), h.sampled[g],
                 )
         return host_rows, out
+
+
+def _merge_workers(
+    hists: _DeviceHistograms, partitioned: list[bool], reducer: WorkerReducer | None
+) -> _DeviceHistograms:
+    """Sum the counts of partitioned tensors over the workers (their ranges are agreed already).
+    Replicated tensors are identical on every rank: summing them would count world_size times."""
+    if reducer is None or not any(partitioned[i] for i in hists.index):
+        return hists
+    shared = torch.tensor([partitioned[i] for i in hists.index], device=hists.counts.device)
+    counts = torch.where(shared[:, None], reducer.sum(hists.counts), hists.counts)
+    extra = hists.extra.clone()
+    extra[:, 5:] = torch.where(shared[:, None], reducer.sum(extra[:, 5:]), extra[:, 5:])
+    return dataclasses.replace(hists, counts=counts, extra=extra)
 
 
 def _shape_of(job: TensorJob) -> tuple[int, ...]:

@@ -82,6 +82,9 @@ def check_against_numpy(tensor: torch.Tensor, reference: np.ndarray | None = Non
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 
+# every test here runs twice: with the compiled CPU kernel and with PyTorch ops only
+pytestmark = pytest.mark.usefixtures("kernel")
+
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(), (0,), (1,), (7,), (33, 17), (4, 5, 6)])

@@ -1,0 +1,179 @@
+"""Optional compiled statistics for CPU tensors: one read per value instead of about six.
+
+``moments.c`` (next to this file) is compiled on first use with the system's C compiler into a
+per-user cache (``$TENSORLENS_CACHE`` or ``~/.cache/tensorlens``), keyed by the source, the
+compiler and the CPU, and loaded with :mod:`ctypes` (which releases the GIL during the call).
+It needs no Python headers and builds in well under a second. Where there is no compiler, or the
+build fails, or ``TENSORLENS_NATIVE=0``, :func:`moments` returns ``None`` and the caller uses
+PyTorch ops, which give the same statistics (see ``tests/test_native.py``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+
+#: Output columns of :func:`moments`, in order.
+COLUMNS = ("count", "sum", "m2", "min", "max", "l1", "zero_count", "nan_count", "inf_count")
+
+_SOURCE = Path(__file__).with_name("moments.c")
+_FLAG_SETS = (["-O3", "-march=native"], ["-O3"])  # -march=native may be unknown to the compiler
+_lock = threading.Lock()
+_library: ctypes.CDLL | None = None
+_tried = False
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+def _cpu_signature() -> str:
+    """What ``-march=native`` depends on: a library built for one CPU is not loaded on another."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        flags = ""
+    return f"{platform.machine()} {platform.processor()} {flags}"
+
+
+def _build() -> ctypes.CDLL | None:
+    if os.environ.get("TENSORLENS_NATIVE", "1") == "0" or os.name != "posix":
+        return None
+    compiler = _compiler()
+    if compiler is None:
+        return None
+    source = _SOURCE.read_bytes()
+    cache = Path(os.environ.get("TENSORLENS_CACHE") or Path.home() / ".cache" / "tensorlens")
+    for flags in _FLAG_SETS:
+        key = hashlib.sha256(source + repr((compiler, flags, _cpu_signature())).encode()).hexdigest()[:16]
+        target = cache / f"moments-{key}.so"
+        try:
+            if not target.exists():
+                cache.mkdir(parents=True, exist_ok=True)
+                # build beside the target and rename: concurrent processes never load half a file
+                with tempfile.TemporaryDirectory(dir=cache) as scratch:
+                    built = Path(scratch) / "moments.so"
+                    subprocess.run(
+                        [compiler, *flags, "-fPIC", "-shared", "-pthread", "-o", str(built), str(_SOURCE), "-lm"],
+                        check=True, capture_output=True, timeout=120,
+                    )
+                    os.replace(built, target)
+            library = ctypes.CDLL(str(target))
+        except (OSError, subprocess.SubprocessError):
+            continue
+        library.tl_moments.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 6 + [ctypes.c_int32]
+        library.tl_moments.restype = ctypes.c_int
+        library.tl_histograms.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 7 + [
+            ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+        ]
+        library.tl_histograms.restype = ctypes.c_int
+        library.tl_edges.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p]
+        library.tl_edges.restype = ctypes.c_int
+        return library
+    return None
+
+
+def available() -> bool:
+    """Whether the compiled kernel is in use (building it on the first call)."""
+    global _library, _tried
+    with _lock:
+        if not _tried:
+            _tried = True
+            _library = _build()
+    return _library is not None
+
+
+def reset() -> None:
+    """Forget the loaded kernel, so the next call decides again (tests, ``TENSORLENS_NATIVE``)."""
+    global _library, _tried
+    with _lock:
+        _library, _tried = None, False
+
+
+def supports(values: torch.Tensor) -> bool:
+    """Whether :func:`moments` can read ``values``: a contiguous float32/float64 CPU tensor."""
+    return values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64) and values.is_contiguous()
+
+
+def moments(
+    values: list[torch.Tensor], threads: int | None = None, sample_strides: list[int] | None = None
+) -> tuple[np.ndarray, list[torch.Tensor | None]] | None:
+    """``[len(values), len(COLUMNS)]`` float64 statistics of flat tensors that :func:`supports`,
+    and, where ``sample_strides[i]`` is set (> 0), every ``sample_strides[i]``-th value of tensor
+    ``i`` (gathered in the same read); ``None`` when the kernel is not available (the caller then
+    uses PyTorch ops)."""
+    if not values or not available():
+        return None
+    assert _library is not None
+    k = len(values)
+    out = np.empty((k, len(COLUMNS)), dtype=np.float64)
+    strides = sample_strides or [0] * k
+    samples = [
+        torch.empty(-(-v.numel() // s), dtype=v.dtype) if s > 0 else None for v, s in zip(values, strides, strict=True)
+    ]
+    pointers = (ctypes.c_void_p * k)(*[v.data_ptr() for v in values])
+    sample_pointers = (ctypes.c_void_p * k)(*[s.data_ptr() if s is not None else None for s in samples])
+    numel = np.array([v.numel() for v in values], dtype=np.int64)
+    is_double = np.array([v.dtype == torch.float64 for v in values], dtype=np.int32)
+    stride = np.array([max(s, 1) for s in strides], dtype=np.int64)
+    threads = threads or torch.get_num_threads()
+    status = _library.tl_moments(
+        k, pointers, numel.ctypes.data, is_double.ctypes.data, stride.ctypes.data, sample_pointers,
+        out.ctypes.data, max(1, int(threads)),
+    )
+    return (out, samples) if status == 0 else None
+
+
+def histograms(
+    values: list[torch.Tensor], strides: list[int], low: np.ndarray, high: np.ndarray, scale: np.ndarray,
+    bins: int, clip: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(counts [G, bins], below [G], above [G])`` (int64) of every ``strides[g]``-th value of
+    ``values[g]`` (tensors that :func:`supports`, all of one dtype), binned over
+    ``[low[g], high[g]]`` with ``scale[g]`` exactly as
+    :func:`tensorlens.reductions.histogram_counts` does; ``None`` without the kernel."""
+    if not available():
+        return None
+    assert _library is not None
+    g = len(values)
+    counts = np.empty((g, bins), dtype=np.int64)
+    below, above = np.empty(g, dtype=np.int64), np.empty(g, dtype=np.int64)
+    pointers = (ctypes.c_void_p * g)(*[v.data_ptr() for v in values])
+    numel = np.array([v.numel() for v in values], dtype=np.int64)
+    stride = np.array(strides, dtype=np.int64)
+    is_double = np.array([v.dtype == torch.float64 for v in values], dtype=np.int32)
+    arrays = [np.ascontiguousarray(a, dtype=np.float64) for a in (low, high, scale)]
+    _library.tl_histograms(
+        g, pointers, numel.ctypes.data, stride.ctypes.data, is_double.ctypes.data,
+        arrays[0].ctypes.data, arrays[1].ctypes.data, arrays[2].ctypes.data,
+        bins, int(clip), counts.ctypes.data, below.ctypes.data, above.ctypes.data,
+    )
+    return counts, below, above
+
+
+def edges(low: np.ndarray, high: np.ndarray, scale: np.ndarray, bins: int, dtype: np.dtype) -> np.ndarray | None:
+    """:func:`tensorlens.reductions.exact_edges` computed by the kernel (``[G, bins + 1]``), or
+    ``None`` without it or for a dtype other than float32/float64."""
+    dtype = np.dtype(dtype)
+    if dtype not in (np.dtype(np.float32), np.dtype(np.float64)) or not available():
+        return None
+    assert _library is not None
+    arrays = [np.ascontiguousarray(a, dtype=np.float64).reshape(-1) for a in (low, high, scale)]
+    g = len(arrays[0])
+    out = np.empty((g, bins + 1), dtype=np.float64)
+    _library.tl_edges(
+        g, arrays[0].ctypes.data, arrays[1].ctypes.data, arrays[2].ctypes.data, bins,
+        int(dtype == np.dtype(np.float64)), out.ctypes.data,
+    )
+    return out

@@ -1,0 +1,159 @@
+"""The compiled CPU kernel against PyTorch ops and numpy: same statistics, same bins, and a clean
+fallback when it cannot be built."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tensorlens import native
+from tensorlens.config import HistogramConfig
+from tensorlens.reductions import COL, NATIVE_COLUMNS, histogram_counts, histogram_range, partial_rows, sample_stride
+from tensorlens.step_statistics import StepStatistics, TensorJob
+
+
+@pytest.fixture
+def kernel_on(monkeypatch):
+    monkeypatch.delenv("TENSORLENS_NATIVE", raising=False)
+    native.reset()
+    if not native.available():
+        pytest.skip("no C compiler here: the compiled kernel is not built")
+    yield
+    native.reset()
+
+
+def _torch_rows(values: list[torch.Tensor], monkeypatch) -> torch.Tensor:
+    monkeypatch.setenv("TENSORLENS_NATIVE", "0")
+    native.reset()
+    try:
+        return partial_rows(values, [NATIVE_COLUMNS] * len(values))
+    finally:
+        monkeypatch.delenv("TENSORLENS_NATIVE")
+        native.reset()
+
+
+def _awkward_tensors() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    big = torch.randn(3_000_001, generator=g)
+    with_nan = torch.randn(700_000, generator=g)
+    with_nan[123_457] = math.nan
+    with_inf = torch.randn(70_000, generator=g, dtype=torch.float64)
+    with_inf[5] = math.inf
+    both_inf = torch.randn(5000, generator=g)
+    both_inf[0], both_inf[4999] = math.inf, -math.inf
+    huge = torch.full((4096,), 3e38)  # a float32 block sum overflows; the sum in double does not
+    relu = torch.relu(torch.randn(262_144, generator=g))
+    return [
+        big, with_nan, with_inf, both_inf, huge, relu,
+        torch.randn(1_000_000, generator=g) * 1e-3 + 1e4,  # mean >> std
+        torch.full((100_003,), 0.1), torch.zeros(0), torch.tensor([2.5]), torch.arange(17, dtype=torch.float64),
+    ]
+
+
+def test_kernel_rows_match_pytorch_and_numpy(kernel_on, monkeypatch) -> None:
+    values = _awkward_tensors()
+    got = partial_rows(values, [NATIVE_COLUMNS] * len(values)).numpy()
+    reference = _torch_rows(values, monkeypatch).numpy()
+    for i, v in enumerate(values):
+        a = v.double().numpy()
+        finite = a[np.isfinite(a)]
+        scale = float(np.abs(finite).sum()) if finite.size else 0.0
+        with np.errstate(all="ignore"):
+            expected = {
+                "count": a.size, "sum": a.sum(), "min": a.min() if a.size else math.nan,
+                "max": a.max() if a.size else math.nan, "l1": np.abs(a).sum(), "zero_count": float((a == 0).sum()),
+                "m2": ((a - a.mean()) ** 2).sum() if a.size else 0.0,
+            }
+        for name, value in expected.items():
+            if not np.isfinite(value):  # NaN and Inf propagate exactly as in numpy, on both paths
+                assert np.array_equal([got[i, COL[name]], reference[i, COL[name]]], [value, value], equal_nan=True), (i, name)
+                continue
+            tolerance = 0.0 if name in ("count", "min", "max", "zero_count") else 2e-6 * max(scale, abs(value))
+            if name == "m2":
+                tolerance = 1e-5 * value + 1e-9 * (scale / max(a.size, 1)) ** 2 * a.size
+            assert abs(got[i, COL[name]] - value) <= tolerance, (i, name, got[i, COL[name]], value)
+            if name in ("count", "min", "max", "zero_count"):  # exact on both paths
+                assert reference[i, COL[name]] == value, (i, name)
+    nan_row, inf_row = got[1], got[2]
+    assert nan_row[COL["nan_count"]] == 1 and math.isnan(nan_row[COL["min"]]) and math.isnan(nan_row[COL["max"]])
+    assert inf_row[COL["inf_count"]] == 1 and inf_row[COL["max"]] == math.inf and math.isnan(inf_row[COL["m2"]])
+    assert got[7, COL["m2"]] == 0.0  # a constant tensor has no spread
+    assert got[4, COL["sum"]] == pytest.approx(4096 * np.float64(np.float32(3e38)))  # no float32 overflow
+
+
+def test_kernel_gathers_the_documented_strided_sample(kernel_on) -> None:
+    values = [torch.randn(1_000_003), torch.randn(4096, dtype=torch.float64), torch.randn(10)]
+    strides = [sample_stride(v.numel(), 4096, 512) for v in values]
+    _, samples = native.moments(values, sample_strides=strides)
+    for v, s, sample in zip(values, strides, samples, strict=True):
+        assert torch.equal(sample, v[::s])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("clip", [False, True])
+def test_kernel_bins_exactly_like_pytorch(kernel_on, dtype: torch.dtype, clip: bool) -> None:
+    g = torch.Generator().manual_seed(11)
+    samples = [(torch.randn(n, generator=g, dtype=torch.float64) * 10 ** e + c).to(dtype)
+               for n, e, c in ((4096, 0, 0.0), (999, -6, 1.0), (5, 3, -7.0), (0, 0, 0.0), (4096, -30, 0.0))]
+    low = torch.tensor([s.min().item() if s.numel() else math.nan for s in samples], dtype=torch.float64)
+    high = torch.tensor([s.max().item() if s.numel() else math.nan for s in samples], dtype=torch.float64)
+    if clip:  # a fixed range that cuts both tails
+        low, high = low * 0.5, high * 0.5
+    low, high = histogram_range(low, high, dtype)
+    counts, scale, below, above = histogram_counts(samples, low, high, 37, clip=clip)
+    found = native.histograms(samples, [1] * len(samples), low.double().numpy(), high.double().numpy(),
+                              scale.double().numpy(), 37, clip)
+    assert found is not None
+    np.testing.assert_array_equal(found[0], counts.numpy())
+    np.testing.assert_array_equal(found[1], below.numpy())
+    np.testing.assert_array_equal(found[2], above.numpy())
+
+
+def test_engine_histograms_match_numpy_with_the_kernel(kernel_on) -> None:
+    g = torch.Generator().manual_seed(5)
+    tensors = [torch.randn(512, 512, generator=g), torch.randn(64, 32768, generator=g, dtype=torch.float64) * 1e-3]
+    host = StepStatistics().compute([TensorJob(f"t/{i}", [t], ("min", "max"), HistogramConfig(bins=64)) for i, t in enumerate(tensors)])
+    _, histograms, _, _ = host.entries()
+    for t, h in zip(tensors, histograms, strict=True):
+        sample = t.reshape(-1)[:: sample_stride(t.numel(), 4096, t.shape[-1])]
+        np.testing.assert_array_equal(h.counts, np.histogram(sample.double().numpy(), bins=h.edges)[0])
+        assert h.sampled and h.count == sample.numel()
+
+
+def test_falls_back_to_pytorch_when_disabled_or_unbuildable(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("TENSORLENS_NATIVE", "0")
+    native.reset()
+    assert not native.available() and native.moments([torch.ones(3)]) is None
+    monkeypatch.delenv("TENSORLENS_NATIVE")
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("TENSORLENS_CACHE", str(tmp_path / "cache"))
+    native.reset()
+    assert not native.available()
+    values, _, _ = _stats(torch.tensor([1.0, 2.0, 4.0]))
+    assert values == pytest.approx({"mean": 7 / 3, "std": float(np.std([1.0, 2.0, 4.0]))})
+    native.reset()
+
+
+def _stats(tensor: torch.Tensor):
+    host = StepStatistics().compute([TensorJob("t", [tensor], ("mean", "std"))])
+    scalars, histograms, tensors, _ = host.entries()
+    return {e.stat: e.value for e in scalars}, histograms, tensors
+
+
+def test_kernel_edges_are_bit_identical_to_numpy(kernel_on) -> None:
+    from tensorlens.reductions import exact_edges_numpy
+
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        dtype = np.float32 if trial % 2 == 0 else np.float64
+        center = (rng.random(5) - 0.5) * 10.0 ** rng.integers(-8, 8, 5)
+        spread = 10.0 ** rng.integers(-12, 4, 5)
+        low = (center - spread).astype(dtype)
+        high = np.maximum(low, (center + spread * rng.random(5)).astype(dtype))
+        high = np.where(high <= low, np.nextafter(low, np.inf), high).astype(dtype)  # ranges of one ulp too
+        bins = int(rng.integers(1, 200))
+        scale = (bins / (high.astype(np.float64) - low.astype(np.float64))).astype(dtype)
+        np.testing.assert_array_equal(native.edges(low, high, scale, bins, dtype), exact_edges_numpy(low, high, scale, bins, dtype))
