@@ -181,16 +181,23 @@ def _native_rows(
         return set()
     found, gathered = found
     samples.update({i: sample for i, sample in zip(index, gathered, strict=True) if sample is not None})
-    out = dict(zip(native.COLUMNS, found.T, strict=True))
-    block = np.full((len(index), len(PARTIALS)), math.nan)
-    for name, column in out.items():
-        block[:, COL[name]] = column
-    with np.errstate(all="ignore"):
-        block[:, COL["sumsq"]] = out["m2"] + np.where(out["count"] > 0, out["sum"] ** 2 / out["count"], 0.0)
+    block = native_partial_rows(found)
     wanted = np.array([[name in columns[i] for name in PARTIALS] for i in index])
     block[~wanted] = math.nan  # as the PyTorch path: NaN where a column was not requested
     rows[torch.tensor(index, device=rows.device)] = torch.from_numpy(block).to(rows.device)
     return set(index)
+
+
+def native_partial_rows(found: np.ndarray) -> np.ndarray:
+    """Partial rows ``[k, len(PARTIALS)]`` from :func:`tensorlens.native.moments` output (every
+    column the kernel computes; the others NaN)."""
+    out = dict(zip(native.COLUMNS, found.T, strict=True))
+    block = np.full((len(found), len(PARTIALS)), math.nan)
+    for name, column in out.items():
+        block[:, COL[name]] = column
+    with np.errstate(all="ignore"):
+        block[:, COL["sumsq"]] = out["m2"] + np.where(out["count"] > 0, out["sum"] ** 2 / out["count"], 0.0)
+    return block
 
 
 def _set(rows: torch.Tensor, index: list[int], column: str, value: torch.Tensor) -> None:

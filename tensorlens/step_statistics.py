@@ -25,12 +25,15 @@ from tensorlens.config import HistogramConfig
 from tensorlens.records import HistogramEntry, ScalarEntry, TensorEntry
 from tensorlens.reductions import (
     COL,
+    NATIVE_COLUMNS,
     PARTIALS,
     as_values,
     exact_edges,
     finalize_rows,
     histogram_counts,
     histogram_range,
+    merge_partials,
+    native_partial_rows,
     needed_columns,
     nonfinite_counts,
     partial_rows_and_samples,
@@ -55,6 +58,52 @@ class TensorJob:
     # batch, an FSDP shard) that must be merged; False when every rank holds the same tensor
     # (DDP parameters and their all-reduced gradients), which is then taken as it is.
     partitioned: bool = True
+
+
+@dataclasses.dataclass
+class ReducedPiece:
+    """A tensor reduced where it was captured, by the compiled CPU kernel: its partial row and its
+    histogram sample stand in for a copy of all its values (activations: no clone held until the
+    optimizer step, one read of the values while they are in cache)."""
+
+    row: torch.Tensor  # [len(PARTIALS)] float64, every column the kernel computes
+    sample: torch.Tensor  # the histogram's strided sample, in the compute dtype (empty without one)
+    shape: torch.Size
+    dtype: torch.dtype  # of the captured tensor
+    device: torch.device
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def detach(self) -> ReducedPiece:
+        return self
+
+
+def reduce_now(tensor: torch.Tensor, stats: tuple[str, ...], histogram: HistogramConfig | None) -> ReducedPiece | None:
+    """``tensor`` as a :class:`ReducedPiece`, or ``None`` where the compiled kernel cannot do it
+    (not on the CPU, complex, a statistic or histogram option it lacks, no kernel built); the
+    caller then keeps a copy of the tensor as before."""
+    if (
+        tensor.device.type != "cpu"
+        or tensor.is_complex()
+        or not needed_columns(stats) <= NATIVE_COLUMNS
+        or (histogram is not None and histogram.enabled and histogram.reject_outliers > 0.0)
+        or not native.available()
+    ):
+        return None
+    values = as_values(tensor.detach()).contiguous()
+    stride = 0
+    if histogram is not None and histogram.enabled:
+        stride = sample_stride(values.numel(), histogram.sample, int(tensor.shape[-1]) if tensor.dim() else 1)
+    found = native.moments([values], threads=1, sample_strides=[stride])
+    if found is None:
+        return None
+    rows, samples = found
+    sample = samples[0] if samples[0] is not None else values.new_empty(0)
+    return ReducedPiece(torch.from_numpy(native_partial_rows(rows)[0]), sample, tensor.shape, tensor.dtype, tensor.device)
 
 
 class WorkerReducer(Protocol):
@@ -82,6 +131,7 @@ class _JobMeta:
     plain_scalar: bool
     shape: tuple[int, ...] | None
     period: int  # the last dimension: histogram samples stride across it (see sample_stride)
+    numel: int  # of the whole tensor (a reduced job's values are only its sample)
 
 
 @dataclasses.dataclass
@@ -209,6 +259,9 @@ class StepStatistics:
         self._scratch.clear()
 
     def _values(self, job: TensorJob) -> torch.Tensor:
+        """The job's values, flat in the compute dtype; for a reduced job, its histogram sample."""
+        if any(isinstance(piece, ReducedPiece) for piece in job.pieces):
+            return torch.cat([piece.sample for piece in self._reduced_pieces(job)])
         pieces = []
         for piece in job.pieces:
             piece = piece.detach()
@@ -226,6 +279,20 @@ class StepStatistics:
             return pieces[0]
         return torch.cat(pieces)
 
+    @staticmethod
+    def _reduced_pieces(job: TensorJob) -> list[ReducedPiece]:
+        """Every piece of a job with a reduced one, reduced (a module whose calls were captured
+        both ways, which only a change of device or dtype between calls can cause)."""
+        out = []
+        for piece in job.pieces:
+            if not isinstance(piece, ReducedPiece):
+                reduced = reduce_now(piece, job.stats, job.histogram)
+                if reduced is None:
+                    raise RuntimeError(f"tensorlens: {job.name!r} mixes reduced and unreducible pieces")
+                piece = reduced
+            out.append(piece)
+        return out
+
     def _to_host(self, tensor: torch.Tensor) -> np.ndarray:
         self.host_copies += 1
         return tensor.cpu().numpy()
@@ -239,6 +306,7 @@ class StepStatistics:
                 job.plain_scalar,
                 _shape_of(job) if job.save_shape else None,
                 int(job.pieces[0].shape[-1]) if job.pieces and job.pieces[0].dim() > 0 else 1,
+                sum(p.numel() for p in job.pieces),
             )
             for job in jobs
         ]
@@ -248,11 +316,9 @@ class StepStatistics:
         device = values[0].device
         values = [v.to(device) for v in values]
         partitioned = [job.partitioned for job in jobs]
-        strides = {
-            i: sample_stride(values[i].numel(), meta.histogram.sample, meta.period)
-            for i, meta in enumerate(metas) if meta.histogram is not None and meta.histogram.reject_outliers <= 0.0
-        }
-        rows, gathered = partial_rows_and_samples(values, [needed_columns(job.stats) for job in jobs], self._scratch_for, strides)
+        reduced = [i for i, job in enumerate(jobs) if any(isinstance(p, ReducedPiece) for p in job.pieces)]
+        rows, gathered = self._rows(jobs, values, metas, reduced)
+        local_rows = rows
         if reducer is not None:
             rows = reducer.merge_rows(rows, torch.tensor(partitioned, device=device))
         hist_index = [i for i, meta in enumerate(metas) if meta.histogram is not None]
@@ -270,7 +336,11 @@ class StepStatistics:
         host_rows[~nonfinite, COL["inf_count"]] = 0.0
         redo = np.flatnonzero(nonfinite).tolist()
         if redo:
-            counts = torch.stack([nonfinite_counts(values[i]) for i in redo])
+            # a reduced job's values are only its sample: its exact counts are in its own row
+            counts = torch.stack([
+                local_rows[i, [COL["nan_count"], COL["inf_count"]]] if i in reduced else nonfinite_counts(values[i])
+                for i in redo
+            ]).to(torch.float64)
             # Collectives only for partitioned tensors: their merged rows and agreed edges are the
             # same on every rank, so every rank redoes the same ones (a replicated tensor's local
             # data must not decide a collective), and a replicated tensor's counts are already whole.
@@ -309,6 +379,34 @@ class StepStatistics:
 
         raw = {i: values[i].reshape(_shape_of(job)).cpu().numpy().copy() for i, job in enumerate(jobs) if job.save_raw}
         return HostStatistics(metas, host_rows, host_hists, raw)
+
+    def _rows(
+        self, jobs: Sequence[TensorJob], values: list[torch.Tensor], metas: list[_JobMeta], reduced: list[int]
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Partial rows of every job, and the histogram samples already gathered: reduced jobs
+        bring theirs (rows of several calls merged), the others are reduced here."""
+        device = values[0].device
+        rows = torch.full((len(jobs), len(PARTIALS)), math.nan, dtype=torch.float64, device=device)
+        gathered: dict[int, torch.Tensor] = {}
+        for i in reduced:
+            pieces = self._reduced_pieces(jobs[i])
+            piece_rows = torch.stack([piece.row for piece in pieces]).to(device)
+            rows[i] = piece_rows[0] if len(pieces) == 1 else merge_partials(piece_rows)
+            if metas[i].histogram is not None:  # the samples of several calls: at most `sample` of them
+                gathered[i] = strided_sample(values[i], metas[i].histogram.sample)
+        rest = [i for i in range(len(jobs)) if i not in set(reduced)]
+        if rest:
+            strides = {
+                k: sample_stride(values[i].numel(), metas[i].histogram.sample, metas[i].period)
+                for k, i in enumerate(rest)
+                if metas[i].histogram is not None and metas[i].histogram.reject_outliers <= 0.0
+            }
+            rest_rows, rest_gathered = partial_rows_and_samples(
+                [values[i] for i in rest], [needed_columns(jobs[i].stats) for i in rest], self._scratch_for, strides
+            )
+            rows = rest_rows if len(rest) == len(jobs) else rows.index_copy(0, torch.tensor(rest, device=device), rest_rows)
+            gathered.update({rest[k]: sample for k, sample in rest_gathered.items()})
+        return rows, gathered
 
     def _histograms(
         self,
@@ -356,7 +454,7 @@ class StepStatistics:
                         high[g] = torch.where(kept, sample, -math.inf).amax().to(torch.float64)
                 samples.append(sample)
                 group_masks.append(mask)
-                sampled.append(sample.numel() < values[i].numel())
+                sampled.append(sample.numel() < metas[i].numel)
             if reducer is not None and any(metas[i].histogram.reject_outliers > 0 for i in members):
                 low, high = reducer.min_max(low, high)
             data_low, data_high = low, high  # reported as the histogram's min/max, also with a fixed range
@@ -416,7 +514,10 @@ class StepStatistics:
         counts, below, above = found
         binned = counts.sum(1)
         extra = np.stack([low, high, scale, data_low, data_high, binned, np.zeros(len(members)), below, above]).astype(np.float64).T
-        sampled = [stride > 1 for stride in strides]
+        sampled = [
+            (gathered[i].numel() if i in gathered else -(-values[i].numel() // stride)) < metas[i].numel
+            for i, stride in zip(members, strides, strict=True)
+        ]
         return _DeviceHistograms(members, torch.from_numpy(counts), torch.from_numpy(np.ascontiguousarray(extra)), sampled, dtype)
 
     def _copy(self, rows: torch.Tensor, hists: list[_DeviceHistograms]) -> tuple[np.ndarray, dict[int, _HostHistogram]]:

@@ -455,3 +455,60 @@ def test_another_models_optimizer_stepping_first_does_not_capture_the_hook(tmp_p
     assert hook.global_step == 3
     assert [r.step for r in memory.records] == [0, 1, 2]
     assert all("gradients/0.weight/l2" in r.scalar_dict() for r in memory.records)
+
+
+@pytest.mark.parametrize("kernel_mode", ["native", "torch"])
+def test_large_activations_reduced_in_the_hook_match_the_whole_tensor(tmp_path, monkeypatch, kernel_mode) -> None:
+    # Activations of >= REDUCE_WHEN_CAPTURED values are reduced in the forward hook by the compiled
+    # kernel (no copy kept): two calls of one module, an in-place op after it, a NaN in one call.
+    from tensorlens import native
+    from tensorlens.hook import REDUCE_WHEN_CAPTURED
+
+    if kernel_mode == "torch":
+        monkeypatch.setenv("TENSORLENS_NATIVE", "0")
+    native.reset()
+    if kernel_mode == "native" and not native.available():
+        pytest.skip("no C compiler here")
+    hook, memory = make_hook(tmp_path, include_collections=["activations"], histogram_config=tl.HistogramConfig(bins=16))
+    hook.get_collection("activations").include(r"^lin$")
+    lin = nn.Linear(512, 512)
+    model = nn.Sequential()
+    model.add_module("lin", lin)
+    model.add_module("act", nn.ReLU(inplace=True))
+    hook.register_module(model)
+    rows = REDUCE_WHEN_CAPTURED // 512 + 3
+    xs = [torch.randn(rows, 512), torch.randn(rows + 5, 512)]
+    xs[1][2, 7] = float("nan")
+    expected = torch.cat([lin(x).detach().reshape(-1) for x in xs]).double().numpy()
+    pending = []
+    for x in xs:
+        model(x)
+        pending.append(type(hook._pending[("activations", "lin")][-1]).__name__)
+    hook.step()
+    hook.close()
+    assert pending == (["ReducedPiece", "ReducedPiece"] if kernel_mode == "native" else ["Tensor", "Tensor"])
+    values = train_records(memory)[0].scalar_dict()
+    finite = expected[np.isfinite(expected)]
+    assert values["activations/lin/numel"] == expected.size
+    assert values["activations/lin/nan_count"] == np.isnan(expected).sum() == 512  # one output row
+    assert math.isnan(values["activations/lin/mean"]) and math.isnan(values["activations/lin/max"])
+    histogram = train_records(memory)[0].histogram_dict()["activations/lin"]
+    assert histogram.sampled and histogram.count <= 2 * 4096 and histogram.nan_count == 512
+    assert histogram.min >= finite.min() and histogram.max <= finite.max()
+    native.reset()
+    # and without the NaN, every statistic equals the whole tensor's (captured before the in-place ReLU)
+    hook, memory = make_hook(tmp_path / "2", include_collections=["activations"])
+    hook.get_collection("activations").include(r"^lin$")
+    hook.register_module(model)
+    xs[1][2, 7] = 0.5
+    expected = torch.cat([lin(x).detach().reshape(-1) for x in xs]).double().numpy()
+    for x in xs:
+        model(x)
+    hook.step()
+    hook.close()
+    values = train_records(memory)[0].scalar_dict()
+    assert values["activations/lin/min"] == pytest.approx(expected.min(), abs=0)
+    assert values["activations/lin/max"] == pytest.approx(expected.max(), abs=0)
+    assert values["activations/lin/mean"] == pytest.approx(expected.mean(), rel=1e-6, abs=1e-9)
+    assert values["activations/lin/std"] == pytest.approx(expected.std(), rel=1e-6)
+    native.reset()

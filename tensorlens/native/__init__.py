@@ -127,7 +127,7 @@ def moments(
     numel = np.array([v.numel() for v in values], dtype=np.int64)
     is_double = np.array([v.dtype == torch.float64 for v in values], dtype=np.int32)
     stride = np.array([max(s, 1) for s in strides], dtype=np.int64)
-    threads = threads or torch.get_num_threads()
+    threads = threads or int(os.environ.get("TENSORLENS_NATIVE_THREADS", "0")) or torch.get_num_threads()
     status = _library.tl_moments(
         k, pointers, numel.ctypes.data, is_double.ctypes.data, stride.ctypes.data, sample_pointers,
         out.ctypes.data, max(1, int(threads)),
