@@ -98,6 +98,8 @@ def reduce_now(tensor: torch.Tensor, stats: tuple[str, ...], histogram: Histogra
     stride = 0
     if histogram is not None and histogram.enabled:
         stride = sample_stride(values.numel(), histogram.sample, int(tensor.shape[-1]) if tensor.dim() else 1)
+    # one thread: right after the module's op, PyTorch's OpenMP workers still spin on the other
+    # cores, and a helper thread competing with them made this slower, not faster (measured)
     found = native.moments([values], threads=1, sample_strides=[stride])
     if found is None:
         return None
