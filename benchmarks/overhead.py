@@ -939,7 +939,7 @@ def format_report(report: dict[str, Any]) -> str:
         for e in profile["top_extra_ops"][:10]:
             lines.append(f"    {e['op']:<40} +{e['extra_ms_per_step']:7.3f} ms  +{e['extra_calls_per_step']} calls")
         lines.append(f"  tensorlens functions (cProfile, {profile['cprofile_step_ms']:.2f} ms/step under the profiler):")
-        for f in profile["top_functions"][:12]:
+        for f in profile["top_functions"][:20]:
             lines.append(f"    {f['function']:<70} cum {f['cum_ms_per_step']:7.3f} ms  self {f['self_ms_per_step']:7.3f} ms"
                          f"  {f['calls_per_step']:.0f} calls")
     return "\n".join(lines)

@@ -191,13 +191,16 @@ def _native_rows(
 def native_partial_rows(found: np.ndarray) -> np.ndarray:
     """Partial rows ``[k, len(PARTIALS)]`` from :func:`tensorlens.native.moments` output (every
     column the kernel computes; the others NaN)."""
-    out = dict(zip(native.COLUMNS, found.T, strict=True))
     block = np.full((len(found), len(PARTIALS)), math.nan)
-    for name, column in out.items():
-        block[:, COL[name]] = column
+    block[:, _FROM_NATIVE] = found
+    count, total = found[:, _NATIVE_COUNT], found[:, _NATIVE_SUM]
     with np.errstate(all="ignore"):
-        block[:, COL["sumsq"]] = out["m2"] + np.where(out["count"] > 0, out["sum"] ** 2 / out["count"], 0.0)
+        block[:, COL["sumsq"]] = found[:, _NATIVE_M2] + np.where(count > 0, total**2 / count, 0.0)
     return block
+
+
+_FROM_NATIVE = np.array([COL[name] for name in native.COLUMNS])
+_NATIVE_COUNT, _NATIVE_SUM, _NATIVE_M2 = (native.COLUMNS.index(name) for name in ("count", "sum", "m2"))
 
 
 def _set(rows: torch.Tensor, index: list[int], column: str, value: torch.Tensor) -> None:

@@ -122,15 +122,16 @@ def moments(
     samples = [
         torch.empty(-(-v.numel() // s), dtype=v.dtype) if s > 0 else None for v, s in zip(values, strides, strict=True)
     ]
-    pointers = (ctypes.c_void_p * k)(*[v.data_ptr() for v in values])
-    sample_pointers = (ctypes.c_void_p * k)(*[s.data_ptr() if s is not None else None for s in samples])
-    numel = np.array([v.numel() for v in values], dtype=np.int64)
-    is_double = np.array([v.dtype == torch.float64 for v in values], dtype=np.int32)
-    stride = np.array([max(s, 1) for s in strides], dtype=np.int64)
-    threads = threads or int(os.environ.get("TENSORLENS_NATIVE_THREADS", "0")) or torch.get_num_threads()
+    # plain ctypes arrays: called once per large activation, numpy's wrappers cost more than the call
     status = _library.tl_moments(
-        k, pointers, numel.ctypes.data, is_double.ctypes.data, stride.ctypes.data, sample_pointers,
-        out.ctypes.data, max(1, int(threads)),
+        k,
+        (ctypes.c_void_p * k)(*[v.data_ptr() for v in values]),
+        (ctypes.c_int64 * k)(*[v.numel() for v in values]),
+        (ctypes.c_int32 * k)(*[v.dtype == torch.float64 for v in values]),
+        (ctypes.c_int64 * k)(*[max(s, 1) for s in strides]),
+        (ctypes.c_void_p * k)(*[s.data_ptr() if s is not None else None for s in samples]),
+        out.ctypes.data,
+        max(1, int(threads or int(os.environ.get("TENSORLENS_NATIVE_THREADS", "0")) or torch.get_num_threads())),
     )
     return (out, samples) if status == 0 else None
 

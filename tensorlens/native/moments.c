@@ -60,8 +60,8 @@ static void merge(partial *into, const partial *p) {
             int64_t full = len - len % LANES;                                                \
             const T *b = x + start;                                                          \
             if (sample) { /* copy every stride-th value (of the whole tensor) while in L1 */  \
-                int64_t at = offset + start, first = (at + stride - 1) / stride * stride;    \
-                for (int64_t j = first; j < at + len; j += stride) sample[j / stride] = b[j - at]; \
+                int64_t at = offset + start, index = (at + stride - 1) / stride;             \
+                for (int64_t j = index * stride - at; j < len; j += stride) sample[index++] = b[j]; \
             }                                                                                \
             T s[LANES] = {0};                                                                \
             for (int64_t j = 0; j < full; j += LANES)                                        \
