@@ -185,6 +185,8 @@ class Hook:
         self._step_on_forward = step_on_forward
         self._capture = ModuleCapture(self._captured)
         self._pending: dict[tuple[str, str], list[torch.Tensor]] = defaultdict(list)
+        # per (mode, mode step, kind, module): what to reduce a large capture with, or None
+        self._capture_plans: dict[tuple[object, ...], tuple[tuple[str, ...], HistogramConfig | None] | None] = {}
         self._module_of: dict[str, str] = {}  # captured tensor name -> the module it came from
         self._pending_scalars: dict[tuple[str, str], list[float | torch.Tensor]] = defaultdict(list)
         self._explicit: list[tuple[str, str, torch.Tensor]] = []  # save_tensor: (collection, name, tensor)
@@ -455,12 +457,15 @@ class Hook:
         step's end: a kernel call per tensor costs ~50 us, a copy of 32K values 5 us."""
         if _compiling() or tensor.device.type != "cpu" or tensor.numel() < REDUCE_WHEN_CAPTURED:
             return None
-        saving = self._saving(self._mode, self._mode_steps[self._mode])
-        jobs = [self._job(c, kind, module_name, []) for c in self._collections_for(kind, module_name, saving)]
-        if not jobs or any(job.save_raw for job in jobs) or any(job.histogram != jobs[0].histogram for job in jobs):
-            return None
-        stats = tuple(dict.fromkeys(stat for job in jobs for stat in job.stats))
-        return reduce_now(tensor, stats, jobs[0].histogram)
+        key = (self._mode, self._mode_steps[self._mode], kind, module_name)
+        if key not in self._capture_plans:  # once per module and step: the same for every call
+            saving = self._saving(self._mode, self._mode_steps[self._mode])
+            jobs = [self._job(c, kind, module_name, []) for c in self._collections_for(kind, module_name, saving)]
+            usable = jobs and not any(job.save_raw or job.histogram != jobs[0].histogram for job in jobs)
+            stats = tuple(dict.fromkeys(stat for job in jobs for stat in job.stats))
+            self._capture_plans[key] = (stats, jobs[0].histogram) if usable else None
+        plan = self._capture_plans[key]
+        return reduce_now(tensor, *plan) if plan is not None else None
 
     @_guarded
     def _loss_output(self, name: str, output: Any) -> None:
@@ -706,6 +711,7 @@ class Hook:
         if mode != ModeKeys.TRAIN:
             self._mode_steps[ModeKeys.TRAIN] = self.global_step
         self._capture.detach()
+        self._capture_plans.clear()
 
     def _close_eval_step(self) -> None:
         mode = self._open_eval
@@ -718,6 +724,7 @@ class Hook:
             self._submit(mode, self._mode_steps[mode], [self._compute(jobs, saving)], [])
         self._mode_steps[mode] += 1
         self._capture.detach()
+        self._capture_plans.clear()
 
     def _submit(self, mode: ModeKeys, mode_step: int, parts: list[HostStatistics], host_scalars: list[ScalarEntry]) -> None:
         if not any(p.jobs for p in parts) and not host_scalars:
