@@ -774,7 +774,7 @@ def evaluate_targets(results: Sequence[dict[str, Any]], memory: dict[tuple[str, 
             own = unsaved.get("hook_us_per_unsaved_step")
             share = own / 1e3 / rows[(model, "baseline")]["mean_ms"] if own is not None else math.nan
             add("steps not saved", "<= 1.01x", model, unsaved["ratio_mean"], unsaved["ratio_mean"] <= 1.01,
-                note=f"tl_unsaved step time / baseline; tensorlens's own time {own:.0f} us/step = {share:.2%} of a step")
+                note=f"tl_unsaved step time / baseline; tensorlens's own time {own:.0f} us/step = {share * 100:.2g}% of a step")
         for name in ("tl_full_every_100", "tl_default"):
             row = rows.get((model, name))
             if row and row.get("ratio_unsaved_mean") is not None:

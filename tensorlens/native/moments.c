@@ -190,8 +190,12 @@ int tl_moments(int64_t k, const void *const *data, const int64_t *numel, const i
             i++;
         }
     job w = {k, data, numel, is_double, sample_stride, sample, n_items, item_tensor, item_start, items, 0};
-    /* a thread costs ~30 us to start: only worth it with several chunks (256K values) each */
-    if (threads > n_items / 4) threads = (int32_t)(n_items / 4);
+    /* a thread costs ~30 us to start, and right after a PyTorch op it competes with OpenMP
+     * workers still spinning: only worth it with a million values or more for each thread */
+    int64_t total = 0;
+    for (int64_t t = 0; t < k; t++) total += numel[t];
+    if (threads > total / (1 << 20)) threads = (int32_t)(total / (1 << 20));
+    if (threads > n_items) threads = (int32_t)n_items;
     if (threads < 1) threads = 1;
     if (threads > 64) threads = 64;
     pthread_t helpers[64];
