@@ -15,10 +15,10 @@ import lightning.pytorch as L
 import torch
 from lightning.pytorch.loggers import MLFlowLogger
 from mlflow.tracking import MlflowClient
-from tensorlens.integrations.lightning import TensorLensCallback
 from torch import nn
 
 import tensorlens as tl
+from tensorlens.integrations.lightning import TensorLensCallback
 
 
 class Classifier(L.LightningModule):

@@ -17,10 +17,10 @@ import lightning.pytorch as L  # noqa: E402
 import torch  # noqa: E402
 import wandb  # noqa: E402
 from lightning.pytorch.loggers import WandbLogger  # noqa: E402
-from tensorlens.integrations.lightning import TensorLensCallback  # noqa: E402
 from torch import nn  # noqa: E402
 
 import tensorlens as tl  # noqa: E402
+from tensorlens.integrations.lightning import TensorLensCallback  # noqa: E402
 
 
 class Classifier(L.LightningModule):

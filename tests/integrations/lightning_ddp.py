@@ -14,8 +14,9 @@ import sys
 
 import lightning.pytorch as L
 import torch
-from tensorlens.integrations.lightning import TensorLensCallback
 from torch import nn
+
+from tensorlens.integrations.lightning import TensorLensCallback
 
 BATCH = 4
 

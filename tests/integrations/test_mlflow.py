@@ -34,6 +34,7 @@ mlflow = pytest.importorskip("mlflow")
 
 from mlflow import MlflowClient  # noqa: E402
 from mlflow.utils.validation import _validate_metric_name  # noqa: E402
+
 from tensorlens.integrations.mlflow import (  # noqa: E402
     MAX_KEY_LENGTH,
     QUANTILES,
@@ -42,7 +43,6 @@ from tensorlens.integrations.mlflow import (  # noqa: E402
     histogram_quantiles,
     mlflow_metric_key,
 )
-
 from tensorlens.reader import TensorNotFound  # noqa: E402
 
 # `mlflow server` took ~40 s to answer /health on a loaded 2-core machine; the bound only keeps

@@ -19,8 +19,9 @@ from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E4
     SCALARS,
     EventAccumulator,
 )
-from tensorlens.integrations.tensorboard import TensorBoardBackend  # noqa: E402
 from torch.utils.tensorboard import SummaryWriter  # noqa: E402
+
+from tensorlens.integrations.tensorboard import TensorBoardBackend  # noqa: E402
 
 
 def mlp() -> nn.Sequential:
