@@ -33,7 +33,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils.hooks import RemovableHandle
 
-from tensorlens import summaries
+from tensorlens import native, summaries
 from tensorlens.backends.base import Backend, RunInfo, create_backend
 from tensorlens.capture import ModuleCapture
 from tensorlens.collection import (
@@ -196,6 +196,7 @@ class Hook:
         self._update_snapshot: list[tuple[str, torch.Tensor, torch.Tensor]] = []
         self._saving_cache: tuple[ModeKeys, int, frozenset[str]] | None = None
         self._engine = StepStatistics()
+        native.prepare()  # compile the CPU kernel off the training thread, before the first saved step
         self._warned: set[str] = set()
         self._closed = False
         self._optimizer_handles = (

@@ -66,7 +66,7 @@ def _build() -> ctypes.CDLL | None:
                     built = Path(scratch) / "moments.so"
                     subprocess.run(
                         [compiler, *flags, "-fPIC", "-shared", "-pthread", "-o", str(built), str(_SOURCE), "-lm"],
-                        check=True, capture_output=True, timeout=120,
+                        check=True, capture_output=True, timeout=60,
                     )
                     os.replace(built, target)
             library = ctypes.CDLL(str(target))
@@ -92,6 +92,13 @@ def available() -> bool:
             _tried = True
             _library = _build()
     return _library is not None
+
+
+def prepare() -> None:
+    """Build (or load) the kernel on a background thread, so that the first saved step does not
+    wait for the compiler (a hook calls this when it is created)."""
+    if not _tried:
+        threading.Thread(target=available, name="tensorlens-native-build", daemon=True).start()
 
 
 def reset() -> None:
