@@ -184,11 +184,13 @@ class Hook:
         # training_step/validation_step, not necessarily the root's forward, once per step)
         self._step_on_forward = step_on_forward
         self._capture = ModuleCapture(self._captured)
-        self._pending: dict[tuple[str, str], list[torch.Tensor]] = defaultdict(list)
+        # keyed by (mode, kind, name): a validation step in the middle of a gradient accumulation
+        # window must not take the train micro-batches' captures, nor they its own
+        self._pending: dict[tuple[ModeKeys, str, str], list[torch.Tensor]] = defaultdict(list)
         # per (mode, mode step, kind, module): what to reduce a large capture with, or None
         self._capture_plans: dict[tuple[object, ...], tuple[tuple[str, ...], HistogramConfig | None] | None] = {}
         self._module_of: dict[str, str] = {}  # captured tensor name -> the module it came from
-        self._pending_scalars: dict[tuple[str, str], list[float | torch.Tensor]] = defaultdict(list)
+        self._pending_scalars: dict[tuple[ModeKeys, str, str], list[float | torch.Tensor]] = defaultdict(list)
         self._explicit: list[tuple[str, str, torch.Tensor]] = []  # save_tensor: (collection, name, tensor)
         self._host_scalars: list[ScalarEntry] = []
         self._primary_optimizer: weakref.ref[torch.optim.Optimizer] | None = None
@@ -336,9 +338,9 @@ class Hook:
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
                 raise expected("value", "a number or a one-element tensor", f"a tensor of shape {tuple(value.shape)}")
-            self._pending_scalars[("scalars", name)].append(value.detach().clone())
+            self._pending_scalars[(self._mode, "scalars", name)].append(value.detach().clone())
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            self._pending_scalars[("scalars", name)].append(float(value))
+            self._pending_scalars[(self._mode, "scalars", name)].append(float(value))
         else:
             raise expected("value", "a number or a one-element tensor", value)
 
@@ -445,7 +447,7 @@ class Hook:
         try:
             # reduced at once where possible; else copied, so in-place ops later cannot change it
             piece = self._reduce_captured(kind, module_name, tensor)
-            self._pending[(kind, name)].append(piece if piece is not None else tensor.detach().clone())
+            self._pending[(self._mode, kind, name)].append(piece if piece is not None else tensor.detach().clone())
             self._module_of[name] = module_name
         except Exception as err:
             self._warn_once(f"capturing {kind}/{name}: {type(err).__name__}: {err}")
@@ -477,7 +479,7 @@ class Hook:
         if not _compiling() and "losses" not in self._saving(self._mode, self._mode_steps[self._mode]):
             return
         value = output.detach()
-        self._pending_scalars[("losses", name)].append(value.float().mean() if value.numel() != 1 else value.reshape(()).clone())
+        self._pending_scalars[(self._mode, "losses", name)].append(value.float().mean() if value.numel() != 1 else value.reshape(()).clone())
 
     def _summary(self, name: str, value: Any, is_tensor: bool) -> None:
         try:
@@ -488,11 +490,11 @@ class Hook:
             if is_tensor:
                 if not isinstance(value, torch.Tensor):
                     raise expected("tensor", "a torch.Tensor", value)
-                self._pending[("summaries", name)].append(value.detach().clone())
+                self._pending[(self._mode, "summaries", name)].append(value.detach().clone())
             else:
                 if isinstance(value, torch.Tensor):
                     value = value.detach().float().mean() if value.numel() != 1 else value.detach().reshape(()).clone()
-                self._pending_scalars[("summaries", name)].append(value)
+                self._pending_scalars[(self._mode, "summaries", name)].append(value)
         except Exception as err:
             self._warn_once(f"summarize {name!r}: {type(err).__name__}: {err}")
 
@@ -586,7 +588,7 @@ class Hook:
         mode = self._train_mode()
         self._mode = mode
         saving = self._saving(mode, self._mode_steps[mode])
-        jobs = self._parameter_jobs(saving) + self._pending_jobs(saving)
+        jobs = self._parameter_jobs(saving) + self._pending_jobs(saving, mode)
         host_scalars = self._optimizer_scalars(optimizer, saving)
         self._pre_step = (self._compute(jobs, saving), host_scalars)
         if any(set(self._collections[n].kinds) & {"updates"} for n in saving):
@@ -612,15 +614,17 @@ class Hook:
                     jobs.append(self._job(c, "gradients", name, [local_grad], partitioned=grad_sharded))
         return jobs
 
-    def _pending_jobs(self, saving: frozenset[str]) -> list[TensorJob]:
-        """Jobs for everything captured since the last boundary; clears the buffers."""
+    def _pending_jobs(self, saving: frozenset[str], mode: ModeKeys) -> list[TensorJob]:
+        """Jobs for everything captured in ``mode`` since its last boundary; clears those."""
         jobs = []
-        for (kind, name), pieces in self._pending.items():
+        pending = {key[1:]: self._pending.pop(key) for key in [k for k in self._pending if k[0] == mode]}
+        pending_scalars = {key[1:]: self._pending_scalars.pop(key) for key in [k for k in self._pending_scalars if k[0] == mode]}
+        for (kind, name), pieces in pending.items():
             # module captures were chosen by module name: match the collections the same way
             match_name = self._module_of.get(name, name) if kind in MODULE_KINDS else name
             for c in self._collections_for(kind, match_name, saving):
                 jobs.append(self._job(c, kind, name, pieces))
-        for (kind, name), values in self._pending_scalars.items():
+        for (kind, name), values in pending_scalars.items():
             collection = self._collections[kind]
             if kind != "scalars" and collection.name not in saving:
                 continue  # explicit save_scalar values are always recorded
@@ -633,8 +637,6 @@ class Hook:
             job.partitioned = kind != "scalars"
             jobs.append(job)
         jobs += self._explicit_jobs()
-        self._pending.clear()
-        self._pending_scalars.clear()
         return jobs
 
     def _explicit_jobs(self) -> list[TensorJob]:
@@ -720,7 +722,7 @@ class Hook:
         if mode is None:
             return
         saving = self._saving(mode, self._mode_steps[mode])
-        jobs = self._pending_jobs(saving)
+        jobs = self._pending_jobs(saving, mode)
         if jobs or (self._reducer is not None and saving):  # "reduce": every rank, for the collectives
             self._submit(mode, self._mode_steps[mode], [self._compute(jobs, saving)], [])
         self._mode_steps[mode] += 1
@@ -778,9 +780,10 @@ class Hook:
         try:
             if self._open_eval is not None:
                 self._close_eval_step()
-            if self._pending_scalars or self._explicit:
-                mode = self._mode
-                jobs = self._pending_jobs(self._saving(mode, self._mode_steps[mode]))
+            # values saved after the last boundary of their mode (scalars, summaries, save_tensor)
+            modes = {key[0] for key in self._pending_scalars} | ({self._mode} if self._explicit else set())
+            for mode in sorted(modes, key=list(ModeKeys).index):
+                jobs = self._pending_jobs(self._saving(mode, self._mode_steps[mode]), mode)
                 if jobs:
                     # no collectives here: close() may run on one rank only, or after the process
                     # group is gone; values saved after the last step are this rank's own

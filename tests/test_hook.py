@@ -483,7 +483,7 @@ def test_large_activations_reduced_in_the_hook_match_the_whole_tensor(tmp_path, 
     pending = []
     for x in xs:
         model(x)
-        pending.append(type(hook._pending[("activations", "lin")][-1]).__name__)
+        pending.append(type(hook._pending[(tl.ModeKeys.TRAIN, "activations", "lin")][-1]).__name__)
     hook.step()
     hook.close()
     assert pending == (["ReducedPiece", "ReducedPiece"] if kernel_mode == "native" else ["Tensor", "Tensor"])
@@ -512,3 +512,25 @@ def test_large_activations_reduced_in_the_hook_match_the_whole_tensor(tmp_path, 
     assert values["activations/lin/mean"] == pytest.approx(expected.mean(), rel=1e-6, abs=1e-9)
     assert values["activations/lin/std"] == pytest.approx(expected.std(), rel=1e-6)
     native.reset()
+
+
+def test_validation_inside_an_accumulation_window_keeps_each_modes_captures(tmp_path) -> None:
+    # Lightning may validate between two micro-batches of one optimizer step: the eval step must
+    # record only its own activations, and the train step both of its micro-batches.
+    hook, memory = make_hook(tmp_path, include_collections=["activations"])
+    model = mlp()
+    hook.register_module(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(5, 6)).sum().backward()  # micro-batch 1
+    model.eval()
+    with torch.no_grad():
+        model(torch.randn(7, 6))  # a validation batch in between
+    model.train()
+    model(torch.randn(5, 6)).sum().backward()  # micro-batch 2
+    opt.step()
+    hook.close()
+    train = train_records(memory)[0].scalar_dict()
+    evals = [r for r in memory.records if r.mode == tl.ModeKeys.EVAL]
+    assert len(evals) == 1
+    assert evals[0].scalar_dict()["activations/0/numel"] == 7 * 8
+    assert train["activations/0/numel"] == 2 * 5 * 8
