@@ -132,9 +132,10 @@ class Run:
         return sorted({ModeKeys(m) for (m,) in self._query("SELECT DISTINCT mode FROM steps")}, key=list(ModeKeys).index)
 
     def steps(self, mode: ModeKeys | str | None = None) -> list[int]:
-        """Saved steps: global steps for ``mode=None`` (all modes), mode steps for a given mode."""
+        """Saved steps: the global steps of train (and ``GLOBAL``) records for ``mode=None``, as
+        :meth:`scalars` and :meth:`TensorView.steps` read them; mode steps for a given mode."""
         if mode is None:
-            return sorted({s for (s,) in self._query("SELECT DISTINCT step FROM steps")})
+            return sorted({s for (s,) in self._query("SELECT DISTINCT step FROM steps WHERE mode IN ('train', 'global')")})
         mode = ModeKeys.coerce(mode)
         return sorted({s for (s,) in self._query("SELECT DISTINCT mode_step FROM steps WHERE mode = ?", (str(mode),))})
 
