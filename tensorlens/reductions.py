@@ -96,14 +96,10 @@ def as_values(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _exact_median(values: torch.Tensor) -> torch.Tensor:
-    """numpy's median: the mean of the two middle values for an even count; NaN if any NaN."""
-    n = values.numel()
-    if n == 0:
+    """numpy's median of a flat tensor (see :func:`_exact_median_rows`); NaN when empty."""
+    if values.numel() == 0:
         return torch.tensor(math.nan, dtype=torch.float64, device=values.device)
-    lower = values.kthvalue((n + 1) // 2).values
-    upper = values.kthvalue(n // 2 + 1).values if n % 2 == 0 else lower
-    median = (lower + upper) / 2 if n % 2 == 0 else lower
-    return torch.where(torch.isnan(values).any(), torch.full_like(median, math.nan), median)
+    return _exact_median_rows(values.reshape(1, -1))[0]
 
 
 #: Tensors up to this many values share one float64 buffer with segment sums; larger ones are
@@ -360,18 +356,12 @@ def _block_raw(
 
 
 def _exact_median_rows(matrix: torch.Tensor) -> torch.Tensor:
-    """numpy's median of every row of ``[k, n]`` (``n > 0``); NaN for a row holding NaN."""
+    """numpy's median of every row of ``[k, n]`` (``n > 0``): the mean of the two middle values
+    for an even count; NaN for a row holding NaN."""
     n = matrix.shape[1]
     lower = matrix.kthvalue((n + 1) // 2, dim=1).values
     median = (lower + matrix.kthvalue(n // 2 + 1, dim=1).values) / 2 if n % 2 == 0 else lower
     return torch.where(torch.isnan(matrix).any(1), torch.full_like(median, math.nan), median)
-
-
-def _stack64(values: list[torch.Tensor]) -> torch.Tensor:
-    """Stack 0-d results as float64: one conversion for the stack, not one per value."""
-    if all(v.dtype == values[0].dtype for v in values):
-        return torch.stack(values).to(torch.float64)
-    return torch.stack([v.to(torch.float64) for v in values])
 
 
 def partial_row(values: torch.Tensor, columns: frozenset[str]) -> torch.Tensor:
@@ -538,6 +528,12 @@ def histogram_range(low: torch.Tensor, high: torch.Tensor, dtype: torch.dtype) -
     return torch.where(same, low - 0.5, low).to(dtype), torch.where(same, high + 0.5, high).to(dtype)
 
 
+def histogram_scale(low: torch.Tensor, high: torch.Tensor, bins: int) -> torch.Tensor:
+    """``bins / (high - low)`` rounded to the ranges' dtype: the factor :func:`histogram_counts`
+    (and the compiled kernel) multiply by, and :func:`exact_edges` bisects with."""
+    return (bins / (high.to(torch.float64) - low.to(torch.float64))).to(low.dtype)
+
+
 def histogram_counts(
     samples: list[torch.Tensor],
     low: torch.Tensor,
@@ -563,7 +559,7 @@ def histogram_counts(
     """
     groups = len(samples)
     device, dtype = low.device, low.dtype
-    scale = (bins / (high.to(torch.float64) - low.to(torch.float64))).to(dtype)
+    scale = histogram_scale(low, high, bins)
     trash = groups * bins  # the bin every value left out goes to (exact in float32 up to 2**24)
     below = torch.zeros(groups, dtype=torch.int64, device=device)
     above = torch.zeros(groups, dtype=torch.int64, device=device)

@@ -32,6 +32,7 @@ from tensorlens.reductions import (
     finalize_rows,
     histogram_counts,
     histogram_range,
+    histogram_scale,
     merge_partials,
     native_partial_rows,
     needed_columns,
@@ -493,19 +494,12 @@ class StepStatistics:
             or not native.available()
         ):
             return None
-        where = np.array(members)
-        data_low = lows.numpy()[where].astype(np.float64)
-        data_high = highs.numpy()[where].astype(np.float64)
-        low, high = (data_low, data_high) if fixed is None else (np.full_like(data_low, fixed[0]), np.full_like(data_high, fixed[1]))
-        np_dtype = np.float32 if dtype == torch.float32 else np.float64
-        # histogram_range: no range (all NaN, empty) -> [-0.5, 0.5]; a point widened by 0.5 each side
-        missing = ~(np.isfinite(low) & np.isfinite(high))
-        low, high = np.where(missing, 0.0, low), np.where(missing, 0.0, high)
-        same = low >= high
-        low = np.where(same, low - 0.5, low).astype(np_dtype)
-        high = np.where(same, high + 0.5, high).astype(np_dtype)
-        with np.errstate(divide="ignore"):
-            scale = (bins / (high.astype(np.float64) - low.astype(np.float64))).astype(np_dtype)
+        where = torch.tensor(members)
+        data_low, data_high = lows[where].to(torch.float64), highs[where].to(torch.float64)
+        low, high = (data_low, data_high) if fixed is None else (torch.full_like(data_low, fixed[0]), torch.full_like(data_high, fixed[1]))
+        low, high = histogram_range(low, high, dtype)  # the same ranges and scales as the PyTorch path
+        scale = histogram_scale(low, high, bins)
+        low, high, scale, data_low, data_high = (t.numpy() for t in (low, high, scale, data_low, data_high))
         strides = [sample_stride(values[i].numel(), metas[i].histogram.sample, metas[i].period) for i in members]
         # a sample gathered by the moments kernel is read contiguously; else every stride-th value
         sources = [gathered[i] if i in gathered else values[i] for i in members]

@@ -6,6 +6,8 @@ compiler and the CPU, and loaded with :mod:`ctypes` (which releases the GIL duri
 It needs no Python headers and builds in well under a second. Where there is no compiler, or the
 build fails, or ``TENSORLENS_NATIVE=0``, :func:`moments` returns ``None`` and the caller uses
 PyTorch ops, which give the same statistics (see ``tests/test_native.py``).
+``TENSORLENS_NATIVE_THREADS`` caps the threads of a batch (default: ``torch.get_num_threads()``;
+the kernel uses fewer when a thread would get less than a million values).
 """
 
 from __future__ import annotations
