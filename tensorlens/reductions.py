@@ -19,6 +19,7 @@ large offsets do not cancel. Variance and std are population statistics (numpy's
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -70,6 +71,11 @@ _NEEDS = {
 
 def needed_columns(stat_names: tuple[str, ...] | list[str]) -> frozenset[str]:
     """The partial columns that must be computed to produce ``stat_names``."""
+    return _needed_columns(tuple(stat_names))
+
+
+@functools.lru_cache(maxsize=256)  # asked for every tensor of every saved step, with a few distinct configs
+def _needed_columns(stat_names: tuple[str, ...]) -> frozenset[str]:
     cols = {"count", "sum", "min", "max", "nan_count", "inf_count"}
     for name in stat_names:
         cols.update(_NEEDS.get(name, ()))
