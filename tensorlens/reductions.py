@@ -11,10 +11,12 @@ NaN semantics (documented in the README): a NaN anywhere in a tensor makes ``min
 an Inf propagates the way numpy's arithmetic does. ``nan_count`` and ``inf_count`` are always
 recorded, so a NaN is never hidden.
 
-Precision: statistics of float16/bfloat16/float32 tensors are accumulated in float32 by PyTorch's
-pairwise (cascade) reductions, float64 tensors in float64; integers and bools in float64. The
-variance is computed in two passes (around the mean), so a constant tensor has variance 0 and
-large offsets do not cancel. Variance and std are population statistics (numpy's ``ddof=0``).
+Precision: float16/bfloat16 are widened to float32, integers and bools to float64. CPU float
+tensors go to the compiled kernel (:mod:`tensorlens.native`: blocks of 4096 values accumulated in
+their own precision, merged in float64); everything else to PyTorch's pairwise (cascade)
+reductions in float32 (float64 for float64 tensors). Either way the variance is the corrected
+two-pass algorithm (around the mean), so a constant tensor has variance 0 and large offsets do
+not cancel. Variance and std are population statistics (numpy's ``ddof=0``).
 """
 
 from __future__ import annotations
