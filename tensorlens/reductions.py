@@ -198,8 +198,10 @@ def native_partial_rows(found: np.ndarray) -> np.ndarray:
     block = np.full((len(found), len(PARTIALS)), math.nan)
     block[:, _FROM_NATIVE] = found
     count, total = found[:, _NATIVE_COUNT], found[:, _NATIVE_SUM]
-    with np.errstate(all="ignore"):
-        block[:, COL["sumsq"]] = found[:, _NATIVE_M2] + np.where(count > 0, total**2 / count, 0.0)
+    # sum^2 / n, 0 for an empty tensor (np.divide's where=, not np.errstate: called once per
+    # large activation, and the context manager cost more than the arithmetic)
+    mean_square = np.divide(total * total, count, out=np.zeros_like(total), where=count > 0)
+    block[:, COL["sumsq"]] = found[:, _NATIVE_M2] + mean_square
     return block
 
 
