@@ -180,7 +180,9 @@ def _native_rows(
     """Fill the rows the compiled kernel can compute (CPU float tensors) and the samples asked
     for; return the indices done."""
     index = [i for i, v in enumerate(values) if columns[i] <= NATIVE_COLUMNS and native.supports(v)]
-    found = native.moments([values[i] for i in index], sample_strides=[sample_strides.get(i, 0) for i in index]) if index else None
+    found = native.moments(
+        [values[i] for i in index], sample_strides=[sample_strides.get(i, 0) for i in index], columns=[columns[i] for i in index]
+    ) if index else None
     if found is None:
         return set()
     found, gathered = found

@@ -101,7 +101,7 @@ def reduce_now(tensor: torch.Tensor, stats: tuple[str, ...], histogram: Histogra
         stride = sample_stride(values.numel(), histogram.sample, int(tensor.shape[-1]) if tensor.dim() else 1)
     # one thread: right after the module's op, PyTorch's OpenMP workers still spin on the other
     # cores, and a helper thread competing with them made this slower, not faster (measured)
-    found = native.moments([values], threads=1, sample_strides=[stride])
+    found = native.moments([values], threads=1, sample_strides=[stride], columns=[needed_columns(stats)])
     if found is None:
         return None
     rows, samples = found

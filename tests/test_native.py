@@ -84,6 +84,23 @@ def test_kernel_rows_match_pytorch_and_numpy(kernel_on, monkeypatch) -> None:
     assert got[4, COL["sum"]] == pytest.approx(4096 * np.float64(np.float32(3e38)))  # no float32 overflow
 
 
+def test_kernel_skips_only_the_columns_not_asked_for(kernel_on) -> None:
+    """l1 and zero_count are computed only for a tensor that needs them (NaN otherwise); every
+    other column is the same whatever was asked, to the bit."""
+    g = torch.Generator().manual_seed(8)
+    values = [torch.relu(torch.randn(300_001, generator=g)), torch.relu(torch.randn(70_000, generator=g, dtype=torch.float64))]
+    full, _ = native.moments(values)
+    base = frozenset({"count", "sum", "m2", "min", "max", "nan_count", "inf_count"})
+    for extra in (frozenset(), frozenset({"l1"}), frozenset({"zero_count"}), frozenset({"l1", "zero_count"})):
+        got, _ = native.moments(values, columns=[base | extra] * len(values))
+        for j, name in enumerate(native.COLUMNS):
+            if name in ("l1", "zero_count") and name not in extra:
+                assert np.isnan(got[:, j]).all(), name
+            else:
+                np.testing.assert_array_equal(got[:, j], full[:, j], err_msg=name)
+    assert full[0, native.COLUMNS.index("zero_count")] == float((values[0] == 0).sum())
+
+
 def test_kernel_gathers_the_documented_strided_sample(kernel_on) -> None:
     values = [torch.randn(1_000_003), torch.randn(4096, dtype=torch.float64), torch.randn(10)]
     strides = [sample_stride(v.numel(), 4096, 512) for v in values]

@@ -74,7 +74,7 @@ def _build() -> ctypes.CDLL | None:
             library = ctypes.CDLL(str(target))
         except (OSError, subprocess.SubprocessError):
             continue
-        library.tl_moments.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 6 + [ctypes.c_int32]
+        library.tl_moments.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 7 + [ctypes.c_int32]
         library.tl_moments.restype = ctypes.c_int
         library.tl_histograms.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 7 + [
             ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
@@ -116,12 +116,16 @@ def supports(values: torch.Tensor) -> bool:
 
 
 def moments(
-    values: list[torch.Tensor], threads: int | None = None, sample_strides: list[int] | None = None
+    values: list[torch.Tensor],
+    threads: int | None = None,
+    sample_strides: list[int] | None = None,
+    columns: list[frozenset[str]] | None = None,
 ) -> tuple[np.ndarray, list[torch.Tensor | None]] | None:
     """``[len(values), len(COLUMNS)]`` float64 statistics of flat tensors that :func:`supports`,
     and, where ``sample_strides[i]`` is set (> 0), every ``sample_strides[i]``-th value of tensor
     ``i`` (gathered in the same read); ``None`` when the kernel is not available (the caller then
-    uses PyTorch ops)."""
+    uses PyTorch ops). ``columns[i]``, where given, names the columns tensor ``i`` needs:
+    ``l1`` and ``zero_count`` are computed only when named (NaN otherwise), the rest always."""
     if not values or not available():
         return None
     assert _library is not None
@@ -137,12 +141,21 @@ def moments(
         (ctypes.c_void_p * k)(*[v.data_ptr() for v in values]),
         (ctypes.c_int64 * k)(*[v.numel() for v in values]),
         (ctypes.c_int32 * k)(*[v.dtype == torch.float64 for v in values]),
+        (ctypes.c_int32 * k)(*([_wants(c) for c in columns] if columns is not None else [_ALL] * k)),
         (ctypes.c_int64 * k)(*[max(s, 1) for s in strides]),
         (ctypes.c_void_p * k)(*[s.data_ptr() if s is not None else None for s in samples]),
         out.ctypes.data,
         max(1, int(threads or int(os.environ.get("TENSORLENS_NATIVE_THREADS", "0")) or torch.get_num_threads())),
     )
     return (out, samples) if status == 0 else None
+
+
+_WANT_L1, _WANT_ZEROS = 1, 2  # as in moments.c
+_ALL = _WANT_L1 | _WANT_ZEROS
+
+
+def _wants(columns: frozenset[str]) -> int:
+    return (_WANT_L1 if "l1" in columns else 0) | (_WANT_ZEROS if "zero_count" in columns else 0)
 
 
 def histograms(
