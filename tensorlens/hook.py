@@ -53,10 +53,12 @@ from tensorlens.run_store import safe_run_name
 from tensorlens.step_statistics import (
     HostStatistics,
     ReducedPiece,
+    ReducePlan,
     StepStatistics,
     TensorJob,
     WorkerReducer,
     reduce_now,
+    reduce_plan,
 )
 
 DEFAULT_RUNS_DIR = "tensorlens_runs"
@@ -187,8 +189,11 @@ class Hook:
         # keyed by (mode, kind, name): a validation step in the middle of a gradient accumulation
         # window must not take the train micro-batches' captures, nor they its own
         self._pending: dict[tuple[ModeKeys, str, str], list[torch.Tensor]] = defaultdict(list)
-        # per (mode, mode step, kind, module): what to reduce a large capture with, or None
-        self._capture_plans: dict[tuple[object, ...], tuple[tuple[str, ...], HistogramConfig | None] | None] = {}
+        # per (mode, kind, module): what to reduce a large capture with, or None; valid while the
+        # configs that decide it are unchanged (_plans_for: checked once per step)
+        self._capture_plans: dict[tuple[object, ...], ReducePlan | None] = {}
+        self._plans_step: tuple[ModeKeys, int] | None = None
+        self._plans_configs: tuple[object, ...] | None = None
         self._module_of: dict[str, str] = {}  # captured tensor name -> the module it came from
         self._pending_scalars: dict[tuple[ModeKeys, str, str], list[float | torch.Tensor]] = defaultdict(list)
         self._explicit: list[tuple[str, str, torch.Tensor]] = []  # save_tensor: (collection, name, tensor)
@@ -460,15 +465,30 @@ class Hook:
         step's end: a kernel call per tensor costs ~50 us, a copy of 32K values 5 us."""
         if _compiling() or tensor.device.type != "cpu" or tensor.numel() < REDUCE_WHEN_CAPTURED:
             return None
-        key = (self._mode, self._mode_steps[self._mode], kind, module_name)
-        if key not in self._capture_plans:  # once per module and step: the same for every call
-            saving = self._saving(self._mode, self._mode_steps[self._mode])
+        saving = self._saving(self._mode, self._mode_steps[self._mode])
+        if self._plans_step != (self._mode, self._mode_steps[self._mode]):
+            self._check_plans(saving)
+        key = (self._mode, kind, module_name)
+        if key not in self._capture_plans:  # once per module while the configs stay the same
             jobs = [self._job(c, kind, module_name, []) for c in self._collections_for(kind, module_name, saving)]
             usable = jobs and not any(job.save_raw or job.histogram != jobs[0].histogram for job in jobs)
             stats = tuple(dict.fromkeys(stat for job in jobs for stat in job.stats))
-            self._capture_plans[key] = (stats, jobs[0].histogram) if usable else None
+            self._capture_plans[key] = reduce_plan(stats, jobs[0].histogram) if usable else None
         plan = self._capture_plans[key]
-        return reduce_now(tensor, *plan) if plan is not None else None
+        return reduce_now(tensor, plan) if plan is not None else None
+
+    def _check_plans(self, saving: frozenset[str]) -> None:
+        """Forget the capture plans when anything that decides them changed (collections saved,
+        their configs and patterns, the hook's configs); called at the first capture of a step."""
+        self._plans_step = (self._mode, self._mode_steps[self._mode])
+        configs = (
+            saving, self.reduction_config, self.histogram_config,
+            *((c.name, c.kinds, c.reduction_config, c.histogram_config, tuple(p.pattern for p in c.patterns))
+              for c in (self._collections[n] for n in sorted(saving))),
+        )
+        if configs != self._plans_configs:
+            self._capture_plans.clear()
+            self._plans_configs = configs
 
     @_guarded
     def _loss_output(self, name: str, output: Any) -> None:
@@ -714,7 +734,6 @@ class Hook:
         if mode != ModeKeys.TRAIN:
             self._mode_steps[ModeKeys.TRAIN] = self.global_step
         self._capture.detach()
-        self._capture_plans.clear()
 
     def _close_eval_step(self) -> None:
         mode = self._open_eval
@@ -727,7 +746,6 @@ class Hook:
             self._submit(mode, self._mode_steps[mode], [self._compute(jobs, saving)], [])
         self._mode_steps[mode] += 1
         self._capture.detach()
-        self._capture_plans.clear()
 
     def _submit(self, mode: ModeKeys, mode_step: int, parts: list[HostStatistics], host_scalars: list[ScalarEntry]) -> None:
         if not any(p.jobs for p in parts) and not host_scalars:

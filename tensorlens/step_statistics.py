@@ -63,11 +63,11 @@ class TensorJob:
 
 @dataclasses.dataclass
 class ReducedPiece:
-    """A tensor reduced where it was captured, by the compiled CPU kernel: its partial row and its
+    """A tensor reduced where it was captured, by the compiled CPU kernel: its row and its
     histogram sample stand in for a copy of all its values (activations: no clone held until the
     optimizer step, one read of the values while they are in cache)."""
 
-    row: torch.Tensor  # [len(PARTIALS)] float64, every column the kernel computes
+    native_row: np.ndarray  # [len(native.COLUMNS)] float64, as the kernel wrote it
     sample: torch.Tensor  # the histogram's strided sample, in the compute dtype (empty without one)
     shape: torch.Size
     dtype: torch.dtype  # of the captured tensor
@@ -83,30 +83,38 @@ class ReducedPiece:
         return self
 
 
-def reduce_now(tensor: torch.Tensor, stats: tuple[str, ...], histogram: HistogramConfig | None) -> ReducedPiece | None:
-    """``tensor`` as a :class:`ReducedPiece`, or ``None`` where the compiled kernel cannot do it
-    (not on the CPU, complex, a statistic or histogram option it lacks, no kernel built); the
-    caller then keeps a copy of the tensor as before."""
-    if (
-        tensor.device.type != "cpu"
-        or tensor.is_complex()
-        or not needed_columns(stats) <= NATIVE_COLUMNS
-        or (histogram is not None and histogram.enabled and histogram.reject_outliers > 0.0)
-        or not native.available()
-    ):
+@dataclasses.dataclass(frozen=True)
+class ReducePlan:
+    """What :func:`reduce_now` computes for the tensors of one module: decided once per module
+    and step, so that each captured tensor costs only the kernel call."""
+
+    wants: int  # the kernel's optional columns (native.wants)
+    sample: int | None  # the histogram's sample size; None: every value
+    histogram: bool  # whether to gather a histogram sample at all
+
+
+def reduce_plan(stats: tuple[str, ...], histogram: HistogramConfig | None) -> ReducePlan | None:
+    """The plan for tensors recorded with ``stats`` and ``histogram``, or ``None`` where the
+    compiled kernel cannot do them (a statistic or histogram option it lacks, no kernel built)."""
+    columns = needed_columns(stats)
+    hist = histogram is not None and histogram.enabled
+    if not columns <= NATIVE_COLUMNS or (hist and histogram.reject_outliers > 0.0) or not native.available():
         return None
-    values = as_values(tensor.detach()).contiguous()
-    stride = 0
-    if histogram is not None and histogram.enabled:
-        stride = sample_stride(values.numel(), histogram.sample, int(tensor.shape[-1]) if tensor.dim() else 1)
-    # one thread: right after the module's op, PyTorch's OpenMP workers still spin on the other
-    # cores, and a helper thread competing with them made this slower, not faster (measured)
-    found = native.moments([values], threads=1, sample_strides=[stride], columns=[needed_columns(stats)])
+    return ReducePlan(native.wants(columns), histogram.sample if hist else None, hist)
+
+
+def reduce_now(tensor: torch.Tensor, plan: ReducePlan) -> ReducedPiece | None:
+    """``tensor`` as a :class:`ReducedPiece`, or ``None`` where the kernel cannot read it (not on
+    the CPU, complex); the caller then keeps a copy of the tensor as before."""
+    if tensor.device.type != "cpu" or tensor.is_complex():
+        return None
+    values = tensor if native.supports(tensor) else as_values(tensor.detach()).contiguous()
+    stride = sample_stride(values.numel(), plan.sample, int(tensor.shape[-1]) if tensor.dim() else 1) if plan.histogram else 0
+    found = native.moments_one(values, stride, plan.wants)
     if found is None:
         return None
-    rows, samples = found
-    sample = samples[0] if samples[0] is not None else values.new_empty(0)
-    return ReducedPiece(torch.from_numpy(native_partial_rows(rows)[0]), sample, tensor.shape, tensor.dtype, tensor.device)
+    row, sample = found
+    return ReducedPiece(row, sample if sample is not None else values.new_empty(0), tensor.shape, tensor.dtype, tensor.device)
 
 
 class WorkerReducer(Protocol):
@@ -289,7 +297,8 @@ class StepStatistics:
         out = []
         for piece in job.pieces:
             if not isinstance(piece, ReducedPiece):
-                reduced = reduce_now(piece, job.stats, job.histogram)
+                plan = reduce_plan(job.stats, job.histogram)
+                reduced = reduce_now(piece, plan) if plan is not None else None
                 if reduced is None:
                     raise RuntimeError(f"tensorlens: {job.name!r} mixes reduced and unreducible pieces")
                 piece = reduced
@@ -391,12 +400,19 @@ class StepStatistics:
         device = values[0].device
         rows = torch.full((len(jobs), len(PARTIALS)), math.nan, dtype=torch.float64, device=device)
         gathered: dict[int, torch.Tensor] = {}
-        for i in reduced:
-            pieces = self._reduced_pieces(jobs[i])
-            piece_rows = torch.stack([piece.row for piece in pieces]).to(device)
-            rows[i] = piece_rows[0] if len(pieces) == 1 else merge_partials(piece_rows)
-            if metas[i].histogram is not None:  # the samples of several calls: at most `sample` of them
-                gathered[i] = strided_sample(values[i], metas[i].histogram.sample)
+        if reduced:
+            pieces = [self._reduced_pieces(jobs[i]) for i in reduced]
+            # every piece's row converted at once; a module called several times merges its rows
+            piece_rows = torch.from_numpy(native_partial_rows(np.stack([p.native_row for ps in pieces for p in ps])))
+            starts = np.cumsum([0] + [len(ps) for ps in pieces]).tolist()
+            merged = [
+                piece_rows[a] if b - a == 1 else merge_partials(piece_rows[a:b])
+                for a, b in zip(starts[:-1], starts[1:], strict=True)
+            ]
+            rows.index_copy_(0, torch.tensor(reduced, device=device), torch.stack(merged).to(device))
+            for i in reduced:
+                if metas[i].histogram is not None:  # the samples of several calls: at most `sample` of them
+                    gathered[i] = strided_sample(values[i], metas[i].histogram.sample)
         rest = [i for i in range(len(jobs)) if i not in set(reduced)]
         if rest:
             strides = {

@@ -514,6 +514,40 @@ def test_large_activations_reduced_in_the_hook_match_the_whole_tensor(tmp_path, 
     native.reset()
 
 
+def test_a_config_changed_between_steps_changes_how_captures_are_reduced(tmp_path) -> None:
+    # The plan for reducing a large capture in its hook (which columns, whether to gather a
+    # histogram sample) is kept across steps; a changed collection config must take effect on the
+    # next saved step: here the second step needs zero counts and a histogram the first did not.
+    from tensorlens.hook import REDUCE_WHEN_CAPTURED
+
+    hook, memory = make_hook(tmp_path, include_collections=["activations"])
+    activations = hook.get_collection("activations").include(r"^lin$")
+    lin = nn.Linear(512, 512)
+    model = nn.Sequential()
+    model.add_module("lin", lin)
+    model.add_module("act", nn.ReLU())
+    hook.register_module(model)
+    x = torch.randn(REDUCE_WHEN_CAPTURED // 512 + 1, 512)
+    configs = [
+        (tl.ReductionConfig(reductions=("mean", "std"), counts=()), tl.HistogramConfig(bins=0)),
+        (tl.ReductionConfig(reductions=("mean",), abs_reductions=("l1",), counts=("zero_fraction",)), tl.HistogramConfig(bins=16)),
+    ]
+    for reduction, histogram in configs:
+        activations.reduction_config, activations.histogram_config = reduction, histogram
+        model(x)
+        hook.step()
+    hook.close()
+    first, second = (r.scalar_dict() for r in train_records(memory))
+    expected = lin(x).detach().double().numpy()
+    assert "activations/lin/zero_fraction" not in first and "activations/lin/std" in first
+    assert "activations/lin/std" not in second
+    assert second["activations/lin/zero_fraction"] == (expected == 0).mean()
+    assert second["activations/lin/abs_l1"] == pytest.approx(np.abs(expected).sum(), rel=1e-6)
+    first_h, second_h = (r.histogram_dict() for r in train_records(memory))
+    assert "activations/lin" not in first_h
+    assert second_h["activations/lin"].sampled and 0 < second_h["activations/lin"].count <= 4096
+
+
 def test_validation_inside_an_accumulation_window_keeps_each_modes_captures(tmp_path) -> None:
     # Lightning may validate between two micro-batches of one optimizer step: the eval step must
     # record only its own activations, and the train step both of its micro-batches.

@@ -101,6 +101,35 @@ def test_kernel_skips_only_the_columns_not_asked_for(kernel_on) -> None:
     assert full[0, native.COLUMNS.index("zero_count")] == float((values[0] == 0).sum())
 
 
+def test_kernel_threads_and_the_single_tensor_path_give_the_same_bits(kernel_on) -> None:
+    """Chunks are merged in a fixed order: any number of threads (PyTorch's OpenMP workers where
+    the kernel shares them, else its own) gives the same row, and so does moments_one."""
+    g = torch.Generator().manual_seed(9)
+    values = [torch.randn(3_000_001, generator=g), torch.randn(500_000, generator=g, dtype=torch.float64)]
+    one, _ = native.moments(values, threads=1)
+    for threads in (2, 4):
+        np.testing.assert_array_equal(native.moments(values, threads=threads)[0], one)
+    for i, v in enumerate(values):
+        row, sample = native.moments_one(v, 7, native.wants(frozenset(native.COLUMNS)))
+        np.testing.assert_array_equal(row, one[i])
+        assert torch.equal(sample, v[::7])
+    assert native.moments_one(values[0], 0, 0)[1] is None
+    assert isinstance(native.shares_torch_threads(), bool)
+
+
+def test_a_build_without_openmp_uses_its_own_threads_and_agrees(kernel_on, monkeypatch, tmp_path) -> None:
+    """Where PyTorch brings no libgomp (macOS, other threading backends) the kernel is built
+    without OpenMP and starts its own threads: the same rows."""
+    values = [torch.randn(2_500_000, generator=torch.Generator().manual_seed(2))]
+    reference, _ = native.moments(values, threads=2)
+    monkeypatch.setattr(native, "_torch_uses_libgomp", lambda: False)
+    monkeypatch.setenv("TENSORLENS_CACHE", str(tmp_path))
+    native.reset()
+    assert native.available() and not native.shares_torch_threads()
+    for threads in (1, 3):
+        np.testing.assert_array_equal(native.moments(values, threads=threads)[0], reference)
+
+
 def test_kernel_gathers_the_documented_strided_sample(kernel_on) -> None:
     values = [torch.randn(1_000_003), torch.randn(4096, dtype=torch.float64), torch.randn(10)]
     strides = [sample_stride(v.numel(), 4096, 512) for v in values]

@@ -30,9 +30,11 @@ COLUMNS = ("count", "sum", "m2", "min", "max", "l1", "zero_count", "nan_count", 
 
 _SOURCE = Path(__file__).with_name("moments.c")
 _FLAG_SETS = (["-O3", "-march=native"], ["-O3"])  # -march=native may be unknown to the compiler
+_OPENMP = "-fopenmp"
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
 _tried = False
+_shares = False  # the loaded kernel's threads are PyTorch's OpenMP workers
 
 
 def _compiler() -> str | None:
@@ -57,7 +59,10 @@ def _build() -> ctypes.CDLL | None:
         return None
     source = _SOURCE.read_bytes()
     cache = Path(os.environ.get("TENSORLENS_CACHE") or Path.home() / ".cache" / "tensorlens")
-    for flags in _FLAG_SETS:
+    # With PyTorch's own libgomp loaded, an OpenMP build shares its runtime and its workers (one
+    # libgomp.so.1 per process); any other build (libomp, TBB, no OpenMP) gets plain threads.
+    flag_sets = [[*flags, _OPENMP] for flags in _FLAG_SETS] if _torch_uses_libgomp() else []
+    for flags in [*flag_sets, *_FLAG_SETS]:
         key = hashlib.sha256(source + repr((compiler, flags, _cpu_signature())).encode()).hexdigest()[:16]
         target = cache / f"moments-{key}.so"
         try:
@@ -76,6 +81,12 @@ def _build() -> ctypes.CDLL | None:
             continue
         library.tl_moments.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 7 + [ctypes.c_int32]
         library.tl_moments.restype = ctypes.c_int
+        library.tl_shares_torch_threads.restype = ctypes.c_int
+        library.tl_moments_one.argtypes = [
+            ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p,
+            ctypes.c_void_p, ctypes.c_int32,
+        ]
+        library.tl_moments_one.restype = ctypes.c_int
         library.tl_histograms.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 7 + [
             ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
         ]
@@ -86,13 +97,25 @@ def _build() -> ctypes.CDLL | None:
     return None
 
 
+def _torch_uses_libgomp() -> bool:
+    """Whether this process has loaded a libgomp (PyTorch's Linux wheels bring theirs)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            return any("libgomp" in line for line in f)
+    except OSError:
+        return False
+
+
 def available() -> bool:
     """Whether the compiled kernel is in use (building it on the first call)."""
-    global _library, _tried
+    global _library, _tried, _shares
     with _lock:
         if not _tried:
-            _tried = True
-            _library = _build()
+            try:
+                _library = _build()
+                _shares = _library is not None and bool(_library.tl_shares_torch_threads())
+            finally:
+                _tried = True  # after _library is set: moments_one reads them without the lock
     return _library is not None
 
 
@@ -105,9 +128,16 @@ def prepare() -> None:
 
 def reset() -> None:
     """Forget the loaded kernel, so the next call decides again (tests, ``TENSORLENS_NATIVE``)."""
-    global _library, _tried
+    global _library, _tried, _shares
     with _lock:
-        _library, _tried = None, False
+        _library, _tried, _shares = None, False, False
+
+
+def shares_torch_threads() -> bool:
+    """Whether the kernel runs its threads in PyTorch's OpenMP pool (built with ``-fopenmp``
+    against the libgomp PyTorch loaded): then a call right after an op can use every thread at
+    once, where new threads would compete with the pool's still-spinning workers."""
+    return available() and _shares
 
 
 def supports(values: torch.Tensor) -> bool:
@@ -141,21 +171,43 @@ def moments(
         (ctypes.c_void_p * k)(*[v.data_ptr() for v in values]),
         (ctypes.c_int64 * k)(*[v.numel() for v in values]),
         (ctypes.c_int32 * k)(*[v.dtype == torch.float64 for v in values]),
-        (ctypes.c_int32 * k)(*([_wants(c) for c in columns] if columns is not None else [_ALL] * k)),
+        (ctypes.c_int32 * k)(*([wants(c) for c in columns] if columns is not None else [_ALL] * k)),
         (ctypes.c_int64 * k)(*[max(s, 1) for s in strides]),
         (ctypes.c_void_p * k)(*[s.data_ptr() if s is not None else None for s in samples]),
         out.ctypes.data,
-        max(1, int(threads or int(os.environ.get("TENSORLENS_NATIVE_THREADS", "0")) or torch.get_num_threads())),
+        max(1, int(threads or _thread_cap())),
     )
     return (out, samples) if status == 0 else None
+
+
+def moments_one(values: torch.Tensor, sample_stride: int, wants: int) -> tuple[np.ndarray, torch.Tensor | None] | None:
+    """:func:`moments` of one tensor (its ``[len(COLUMNS)]`` row and sample), with ``wants``
+    from :func:`wants`: the lean path for one large activation in its forward hook, with the
+    kernel's threads when they are PyTorch's own (:func:`shares_torch_threads`), else one."""
+    library = _library if _tried else (_library if available() else None)
+    if library is None:
+        return None
+    out = np.empty(len(COLUMNS), dtype=np.float64)
+    sample = torch.empty(-(-values.numel() // sample_stride), dtype=values.dtype) if sample_stride > 0 else None
+    status = library.tl_moments_one(
+        values.data_ptr(), values.numel(), values.dtype == torch.float64, wants, max(sample_stride, 1),
+        sample.data_ptr() if sample is not None else None, out.ctypes.data,
+        _thread_cap() if _shares else 1,
+    )
+    return (out, sample) if status == 0 else None
 
 
 _WANT_L1, _WANT_ZEROS = 1, 2  # as in moments.c
 _ALL = _WANT_L1 | _WANT_ZEROS
 
 
-def _wants(columns: frozenset[str]) -> int:
+def wants(columns: frozenset[str]) -> int:
+    """The kernel's flags for the optional columns among ``columns`` (``l1``, ``zero_count``)."""
     return (_WANT_L1 if "l1" in columns else 0) | (_WANT_ZEROS if "zero_count" in columns else 0)
+
+
+def _thread_cap() -> int:
+    return max(1, int(os.environ.get("TENSORLENS_NATIVE_THREADS", "0")) or torch.get_num_threads())
 
 
 def histograms(

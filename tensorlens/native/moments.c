@@ -28,6 +28,9 @@
 #if defined(__AVX__) || defined(__SSE2__)
 #include <immintrin.h>
 #endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #define CHUNK (1 << 16)
 #define ACC 4 /* independent vector accumulators per quantity: enough to hide the add latency */
@@ -282,6 +285,19 @@ static void *work(void *arg) {
  * Where sample[t] is not NULL, every sample_stride[t]-th value of tensor t is also copied there
  * (for its histogram: a strided sample gathered while the values are in cache anyway).
  * Returns 0, or -1 when memory could not be had (the caller falls back). */
+#ifndef MIN_PER_THREAD
+#define MIN_PER_THREAD CHUNK
+#endif
+
+/* 1 when the chunks of a call are shared with PyTorch's OpenMP workers (see tl_moments). */
+int tl_shares_torch_threads(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 int tl_moments(int64_t k, const void *const *data, const int64_t *numel, const int32_t *is_double,
                const int32_t *wants, const int64_t *sample_stride, void *const *sample, double *out, int32_t threads) {
     int64_t n_items = 0;
@@ -301,10 +317,22 @@ int tl_moments(int64_t k, const void *const *data, const int64_t *numel, const i
             i++;
         }
     job w = {k, data, numel, is_double, wants, sample_stride, sample, n_items, item_tensor, item_start, items, 0};
-    /* a thread costs ~30 us to start, and right after a PyTorch op it competes with OpenMP
-     * workers still spinning: only worth it with a million values or more for each thread */
     int64_t total = 0;
     for (int64_t t = 0; t < k; t++) total += numel[t];
+#ifdef _OPENMP
+    /* Built with -fopenmp only where PyTorch's own libgomp is loaded: the same runtime, so its
+     * workers, still spinning after the last op, take chunks at once (as an ATen op's would). */
+    if (threads > total / MIN_PER_THREAD) threads = (int32_t)(total / MIN_PER_THREAD);
+    if (threads > n_items) threads = (int32_t)n_items;
+    if (threads > 1) {
+#pragma omp parallel num_threads(threads)
+        work(&w);
+    } else {
+        work(&w);
+    }
+#else
+    /* a thread costs ~30 us to start, and right after a PyTorch op it competes with OpenMP
+     * workers still spinning: only worth it with a million values or more for each thread */
     if (threads > total / (1 << 20)) threads = (int32_t)(total / (1 << 20));
     if (threads > n_items) threads = (int32_t)n_items;
     if (threads < 1) threads = 1;
@@ -315,6 +343,7 @@ int tl_moments(int64_t k, const void *const *data, const int64_t *numel, const i
         if (pthread_create(&helpers[started], NULL, work, &w) == 0) started++;
     work(&w);
     for (int h = 0; h < started; h++) pthread_join(helpers[h], NULL);
+#endif
 
     for (int64_t t = 0; t < k; t++) {
         partial acc = {0, 0, 0, 0, 0, 0, 0, 0, NAN, NAN};
@@ -335,6 +364,13 @@ int tl_moments(int64_t k, const void *const *data, const int64_t *numel, const i
     free(item_start);
     free(items);
     return 0;
+}
+
+/* tl_moments of one tensor, with scalar arguments: called once per large activation, where
+ * building ctypes arrays for a batch of one cost more than the rest of the call. */
+int tl_moments_one(const void *data, int64_t numel, int32_t is_double, int32_t wants, int64_t sample_stride,
+                   void *sample, double *out, int32_t threads) {
+    return tl_moments(1, &data, &numel, &is_double, &wants, &sample_stride, &sample, out, threads);
 }
 
 /* Histograms of strided samples: value i*stride[g] of tensor g, for i*stride[g] < numel[g], goes
