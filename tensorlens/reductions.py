@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -188,10 +189,16 @@ def _native_rows(
     found, gathered = found
     samples.update({i: sample for i, sample in zip(index, gathered, strict=True) if sample is not None})
     block = native_partial_rows(found)
-    wanted = np.array([[name in columns[i] for name in PARTIALS] for i in index])
+    wanted = np.stack([_column_mask(columns[i]) for i in index])
     block[~wanted] = math.nan  # as the PyTorch path: NaN where a column was not requested
     rows[torch.tensor(index, device=rows.device)] = torch.from_numpy(block).to(rows.device)
     return set(index)
+
+
+@functools.lru_cache(maxsize=256)
+def _column_mask(columns: frozenset[str]) -> np.ndarray:
+    """Which of :data:`PARTIALS` ``columns`` names, as a boolean row."""
+    return np.array([name in columns for name in PARTIALS])
 
 
 def native_partial_rows(found: np.ndarray) -> np.ndarray:
@@ -528,22 +535,39 @@ def reject_outliers(values: torch.Tensor, fraction: float) -> tuple[torch.Tensor
     return kept, finite.sum() - kept.sum()
 
 
-def histogram_range(low: torch.Tensor, high: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+Ranges = TypeVar("Ranges", torch.Tensor, np.ndarray)
+
+
+def histogram_range(low: Ranges, high: Ranges, dtype: torch.dtype) -> tuple[Ranges, Ranges]:
     """Per-tensor ranges ``[G]`` in ``dtype``; a point range is widened by 0.5 each side (as numpy
-    does) and a missing one (all-NaN or empty tensor) becomes ``[-0.5, 0.5]``."""
-    low = low.to(torch.float64)
-    high = high.to(torch.float64)
-    missing = ~(torch.isfinite(low) & torch.isfinite(high))
-    low = torch.where(missing, torch.zeros_like(low), low)
-    high = torch.where(missing, torch.zeros_like(high), high)
+    does) and a missing one (all-NaN or empty tensor) becomes ``[-0.5, 0.5]``.
+
+    Takes PyTorch tensors (on any device) or numpy arrays (the compiled kernel's path, where a
+    dozen PyTorch ops on 16 values cost more than the step's binning): the same IEEE operations,
+    so the same bits."""
+    xp, cast = _array_ops(low)
+    low, high = cast(low, torch.float64), cast(high, torch.float64)
+    missing = ~(xp.isfinite(low) & xp.isfinite(high))
+    low = xp.where(missing, xp.zeros_like(low), low)
+    high = xp.where(missing, xp.zeros_like(high), high)
     same = low >= high
-    return torch.where(same, low - 0.5, low).to(dtype), torch.where(same, high + 0.5, high).to(dtype)
+    return cast(xp.where(same, low - 0.5, low), dtype), cast(xp.where(same, high + 0.5, high), dtype)
 
 
-def histogram_scale(low: torch.Tensor, high: torch.Tensor, bins: int) -> torch.Tensor:
+def histogram_scale(low: Ranges, high: Ranges, bins: int) -> Ranges:
     """``bins / (high - low)`` rounded to the ranges' dtype: the factor :func:`histogram_counts`
     (and the compiled kernel) multiply by, and :func:`exact_edges` bisects with."""
-    return (bins / (high.to(torch.float64) - low.to(torch.float64))).to(low.dtype)
+    if isinstance(low, torch.Tensor):
+        return (bins / (high.to(torch.float64) - low.to(torch.float64))).to(low.dtype)
+    with np.errstate(divide="ignore", over="ignore"):  # a range that rounds to a point: inf, as in PyTorch
+        return (bins / (high.astype(np.float64) - low.astype(np.float64))).astype(low.dtype)
+
+
+def _array_ops(values: torch.Tensor | np.ndarray) -> tuple[Any, Callable[[Any, torch.dtype], Any]]:
+    """The array module of ``values`` and a cast to a PyTorch dtype in it."""
+    if isinstance(values, np.ndarray):
+        return np, lambda a, dtype: a.astype(str(dtype).removeprefix("torch."), copy=False)
+    return torch, lambda t, dtype: t.to(dtype)
 
 
 def histogram_counts(

@@ -510,12 +510,12 @@ class StepStatistics:
             or not native.available()
         ):
             return None
-        where = torch.tensor(members)
-        data_low, data_high = lows[where].to(torch.float64), highs[where].to(torch.float64)
-        low, high = (data_low, data_high) if fixed is None else (torch.full_like(data_low, fixed[0]), torch.full_like(data_high, fixed[1]))
+        # in numpy: the same IEEE operations as the PyTorch path, without a dozen ops on 16 values
+        data_low = lows.numpy().astype(np.float64, copy=False)[members]
+        data_high = highs.numpy().astype(np.float64, copy=False)[members]
+        low, high = (data_low, data_high) if fixed is None else (np.full_like(data_low, fixed[0]), np.full_like(data_high, fixed[1]))
         low, high = histogram_range(low, high, dtype)  # the same ranges and scales as the PyTorch path
         scale = histogram_scale(low, high, bins)
-        low, high, scale, data_low, data_high = (t.numpy() for t in (low, high, scale, data_low, data_high))
         strides = [sample_stride(values[i].numel(), metas[i].histogram.sample, metas[i].period) for i in members]
         # a sample gathered by the moments kernel is read contiguously; else every stride-th value
         sources = [gathered[i] if i in gathered else values[i] for i in members]

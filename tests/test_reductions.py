@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from tensorlens.config import HistogramConfig
-from tensorlens.reductions import PARTIALS, merge_partials, needed_columns, partial_row
+from tensorlens.reductions import (
+    PARTIALS,
+    histogram_range,
+    histogram_scale,
+    merge_partials,
+    needed_columns,
+    partial_row,
+)
 from tensorlens.step_statistics import StepStatistics, TensorJob
 
 ALL_STATS = (
@@ -296,3 +303,16 @@ def test_exact_edges_on_random_ranges(dtype: torch.dtype) -> None:
         _, hists, _ = compute([tensor], histogram=HistogramConfig(sample=None, bins=int(torch.randint(1, 513, (), generator=generator))))
         h = hists["t/0"]
         np.testing.assert_array_equal(h.counts, np.histogram(tensor.double().numpy(), bins=h.edges)[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_histogram_ranges_and_scales_are_the_same_bits_in_numpy_and_pytorch(dtype: torch.dtype) -> None:
+    # the compiled kernel's path computes them in numpy, the PyTorch path with tensor ops
+    low = torch.tensor([0.1, -3.0, 2.5, math.nan, -math.inf, 1e-30, -1e38, 7.0], dtype=torch.float64)
+    high = torch.tensor([0.1 + 1e-9, 4.0, 2.5, 1.0, 3.0, 2e-30, 1e38, math.nan], dtype=torch.float64)
+    t_low, t_high = histogram_range(low, high, dtype)
+    n_low, n_high = histogram_range(low.numpy(), high.numpy(), dtype)
+    assert n_low.dtype == t_low.numpy().dtype
+    np.testing.assert_array_equal(n_low, t_low.numpy())
+    np.testing.assert_array_equal(n_high, t_high.numpy())
+    np.testing.assert_array_equal(histogram_scale(n_low, n_high, 64), histogram_scale(t_low, t_high, 64).numpy())
