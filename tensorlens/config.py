@@ -148,6 +148,8 @@ class ReductionConfig:
     counts: tuple[str, ...] = ()
     save_raw_tensor: bool = False
     save_shape: bool = False
+    # derived once (asked for every tensor of every saved step); not compared, hashed or shown
+    _stat_names: tuple[str, ...] = dataclasses.field(init=False, repr=False, compare=False, default=())
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "reductions", _names("reductions", self.reductions, REDUCTIONS + NORMS))
@@ -158,13 +160,14 @@ class ReductionConfig:
         for flag in ("save_raw_tensor", "save_shape"):
             if not isinstance(getattr(self, flag), bool):
                 raise expected(flag, "a bool", getattr(self, flag))
-
-    def stat_names(self) -> tuple[str, ...]:
-        """Every statistic name this config produces, in a stable order."""
         names = list(self.reductions) + list(self.norms)
         names += [f"abs_{n}" for n in self.abs_reductions + self.abs_norms]
         names += list(self.counts) + list(ALWAYS_RECORDED)
-        return tuple(dict.fromkeys(names))
+        object.__setattr__(self, "_stat_names", tuple(dict.fromkeys(names)))
+
+    def stat_names(self) -> tuple[str, ...]:
+        """Every statistic name this config produces, in a stable order."""
+        return self._stat_names
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,8 +6,13 @@ compiler and the CPU, and loaded with :mod:`ctypes` (which releases the GIL duri
 It needs no Python headers and builds in well under a second. Where there is no compiler, or the
 build fails, or ``TENSORLENS_NATIVE=0``, :func:`moments` returns ``None`` and the caller uses
 PyTorch ops, which give the same statistics (see ``tests/test_native.py``).
-``TENSORLENS_NATIVE_THREADS`` caps the threads of a batch (default: ``torch.get_num_threads()``;
-the kernel uses fewer when a thread would get less than a million values).
+``TENSORLENS_NATIVE_THREADS`` caps the threads of a call (default: ``torch.get_num_threads()``).
+
+Threads: where PyTorch's own ``libgomp.so.1`` is loaded (its Linux wheels), the kernel is built
+with ``-fopenmp`` and runs on PyTorch's OpenMP pool, whose workers are still spinning right after
+an op and take the kernel's chunks at once (a thread each 64K values). Elsewhere it starts its own
+threads, only for a million values or more each: right after an op a new thread competes with the
+pool's spinning workers (measured slower on smaller tensors).
 """
 
 from __future__ import annotations
@@ -98,10 +103,13 @@ def _build() -> ctypes.CDLL | None:
 
 
 def _torch_uses_libgomp() -> bool:
-    """Whether this process has loaded a libgomp (PyTorch's Linux wheels bring theirs)."""
+    """Whether this process has loaded a library named ``libgomp.so.1`` (PyTorch's Linux wheels
+    bring theirs), which an ``-fopenmp`` build then shares: the dynamic loader does not load a
+    second library of the same soname. A renamed copy (``libgomp-<hash>.so.1``, older wheels)
+    would not be shared: two OpenMP pools would compete, so that case gets plain threads."""
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
-            return any("libgomp" in line for line in f)
+            return any(line.rstrip().endswith("/libgomp.so.1") for line in f)
     except OSError:
         return False
 
