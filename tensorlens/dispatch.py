@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Callable, Sequence
 
 from tensorlens.backends.base import Backend, RunInfo
-from tensorlens.records import StepRecord
+from tensorlens.records import PackedRecord, StepRecord
 
 _STOP = object()
 
@@ -52,7 +52,7 @@ class _Channel:
             warnings.warn(f"tensorlens: backend {self.label} {message}; training continues, "
                           "other backends are unaffected (this warning is shown once)", stacklevel=2)
 
-    def submit(self, record: StepRecord) -> None:
+    def submit(self, record: StepRecord | PackedRecord) -> None:
         if self.backend.critical:
             self._queue.put(record)
             return
@@ -82,14 +82,14 @@ class _Channel:
                         self._call(self.backend.flush, "flush()")
                     item.set()
                     continue
-                assert isinstance(item, StepRecord)
+                assert isinstance(item, (StepRecord, PackedRecord))
                 if not self._opened:
                     self._opened = True
                     self._open_failed = not self._call(lambda: self.backend.open(self._run), "open()")
                 if self._open_failed:  # every record of a backend that could not open is a failure
                     self.stats.failed += 1
                     continue
-                record = _for_backend(item, self.backend)
+                record = _for_backend(item, self.backend) if isinstance(item, StepRecord) else item
                 if self._call(lambda record=record: self.backend.write(record), "write()"):
                     self.stats.written += 1
                 else:
@@ -130,8 +130,10 @@ def _for_backend(record: StepRecord, backend: Backend) -> StepRecord:
 class Dispatcher:
     """Turns pending steps into records on a background thread and hands them to every backend.
 
-    ``submit(make_record)`` takes a zero-argument callable that builds the :class:`StepRecord`,
-    so the (pure Python) conversion from host arrays to records also runs off the training thread.
+    ``submit(make_record, make_packed)`` takes zero-argument callables that build the step's
+    :class:`StepRecord` and, optionally, its :class:`PackedRecord`, so the conversion from host
+    arrays also runs off the training thread. Each is built only if some backend takes it: with
+    only the local store (``accepts_packed``), no object per number is ever made.
     """
 
     def __init__(self, backends: Sequence[Backend], run: RunInfo, max_pending: int = 64) -> None:
@@ -156,10 +158,12 @@ class Dispatcher:
             out[key] = channel.stats
         return out
 
-    def submit(self, make_record: Callable[[], StepRecord]) -> None:
+    def submit(
+        self, make_record: Callable[[], StepRecord], make_packed: Callable[[], PackedRecord] | None = None
+    ) -> None:
         if self._closed:
             return
-        self._queue.put(make_record)  # blocks only if records pile up faster than they are built
+        self._queue.put((make_record, make_packed))  # blocks only if records pile up faster than they are built
 
     def _loop(self) -> None:
         while True:
@@ -170,13 +174,18 @@ class Dispatcher:
                 if isinstance(item, threading.Event):
                     item.set()
                     continue
+                make_record, make_packed = item  # type: ignore[misc]
                 try:
-                    record = item()  # type: ignore[operator]
+                    built: dict[bool, StepRecord | PackedRecord] = {}
+                    for channel in self._channels:
+                        packed = make_packed is not None and channel.backend.accepts_packed
+                        if packed not in built:
+                            built[packed] = make_packed() if packed else make_record()
+                    for channel in self._channels:
+                        channel.submit(built[make_packed is not None and channel.backend.accepts_packed])
                 except Exception as err:  # a bug of ours must not take training down
                     warnings.warn(f"tensorlens: could not build a record: {type(err).__name__}: {err}", stacklevel=2)
                     continue
-                for channel in self._channels:
-                    channel.submit(record)
             finally:
                 self._queue.task_done()
 

@@ -48,7 +48,7 @@ from tensorlens.collection import (
 from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig, expected
 from tensorlens.dispatch import BackendStats, Dispatcher
 from tensorlens.modes import ModeKeys
-from tensorlens.records import ScalarEntry, StepRecord
+from tensorlens.records import PackedRecord, ScalarEntry, StepRecord
 from tensorlens.run_store import safe_run_name
 from tensorlens.step_statistics import (
     HostStatistics,
@@ -57,6 +57,7 @@ from tensorlens.step_statistics import (
     StepStatistics,
     TensorJob,
     WorkerReducer,
+    pack_step,
     reduce_now,
     reduce_plan,
 )
@@ -764,7 +765,10 @@ class Hook:
                 record.shapes.update(shapes)
             return record
 
-        self._dispatcher.submit(make_record)
+        def make_packed() -> PackedRecord:
+            return pack_step(step, mode, mode_step, worker, wall_time, host_scalars, parts)
+
+        self._dispatcher.submit(make_record, make_packed)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -82,6 +82,61 @@ class StepRecord:
         return {entry.tensor: entry for entry in self.histograms}
 
 
+#: Columns of a packed histogram's ``info`` row (float64; NaN where absent): fields of
+#: :class:`HistogramEntry`, in the order the run store keeps them.
+HISTOGRAM_INFO = (
+    "min", "max", "count", "sum", "sum_squares", "nan_count", "inf_count", "rejected", "underflow", "overflow", "sampled",
+)
+
+
+@dataclasses.dataclass
+class PackedRecord:
+    """One step as arrays: what the local store writes, built without an object per number.
+
+    The same content as a :class:`StepRecord` (:meth:`from_record` converts one): scalars are
+    ``scalar_names`` (``(tensor, stat or "")`` pairs) with their ``scalar_values``; histograms
+    are ``histogram_names`` (``(tensor, bins)``) with their counts and edges one after another and
+    one ``histogram_info`` row each (:data:`HISTOGRAM_INFO`). A step of the Transformer benchmark
+    holds 1596 scalars and 194 histograms: objects for each cost the training process ~2 ms per
+    step, on a thread that shares the GIL and the cores with training.
+    """
+
+    step: int
+    mode: ModeKeys
+    mode_step: int
+    worker: str
+    wall_time: float
+    scalar_names: tuple[tuple[str, str], ...]
+    scalar_values: np.ndarray  # float64 [len(scalar_names)]
+    histogram_names: tuple[tuple[str, int], ...]
+    counts: np.ndarray  # int64, every histogram's counts in order
+    edges: np.ndarray  # float64, every histogram's bins + 1 edges in order
+    histogram_info: np.ndarray  # float64 [len(histogram_names), len(HISTOGRAM_INFO)]
+    tensors: list[TensorEntry] = dataclasses.field(default_factory=list)
+    shapes: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_record(cls, record: StepRecord) -> PackedRecord:
+        histograms = record.histograms
+        return cls(
+            record.step, record.mode, record.mode_step, record.worker, record.wall_time,
+            scalar_names=tuple((e.tensor, e.stat or "") for e in record.scalars),
+            scalar_values=np.fromiter((e.value for e in record.scalars), dtype=np.float64, count=len(record.scalars)),
+            histogram_names=tuple((h.tensor, len(h.counts)) for h in histograms),
+            counts=np.concatenate([np.asarray(h.counts, dtype=np.int64) for h in histograms]) if histograms else _NO_COUNTS,
+            edges=np.concatenate([np.asarray(h.edges, dtype=np.float64) for h in histograms]) if histograms else _NO_EDGES,
+            histogram_info=np.array(
+                [[float(getattr(h, key)) for key in HISTOGRAM_INFO] for h in histograms], dtype=np.float64
+            ).reshape(len(histograms), len(HISTOGRAM_INFO)),
+            tensors=list(record.tensors),
+            shapes=dict(record.shapes),
+        )
+
+
+_NO_COUNTS = np.zeros(0, dtype=np.int64)
+_NO_EDGES = np.zeros(0, dtype=np.float64)
+
+
 def collection_of(tensor_name: str) -> str:
     """The collection part of a tensor name: ``"gradients/fc1.weight"`` -> ``"gradients"``."""
     return tensor_name.split("/", 1)[0]

@@ -24,7 +24,7 @@ import sqlite3
 
 import numpy as np
 
-from tensorlens.records import StepRecord
+from tensorlens.records import HISTOGRAM_INFO, PackedRecord, StepRecord
 
 # 3: one row per step for all scalars and one for all histograms, packed as arrays, with the
 #    names in a ``layouts`` table (a step's layout is almost always the previous step's).
@@ -55,10 +55,6 @@ CREATE TABLE IF NOT EXISTS tensors (
 CREATE TABLE IF NOT EXISTS shapes (tensor TEXT PRIMARY KEY, shape TEXT NOT NULL);
 """
 
-#: Columns of a packed histogram's ``info`` row (float64; NaN where absent).
-HISTOGRAM_INFO = (
-    "min", "max", "count", "sum", "sum_squares", "nan_count", "inf_count", "rejected", "underflow", "overflow", "sampled",
-)
 _INTEGER_INFO = {"count", "nan_count", "inf_count", "rejected", "underflow", "overflow"}
 
 
@@ -123,33 +119,32 @@ class RunStoreWriter:
             found = int(cursor.lastrowid)
         return found
 
-    def write(self, record: StepRecord) -> None:
-        where = (str(record.mode), record.mode_step, record.worker)
+    def write(self, record: StepRecord | PackedRecord) -> None:
+        packed = record if isinstance(record, PackedRecord) else PackedRecord.from_record(record)
+        where = (str(packed.mode), packed.mode_step, packed.worker)
         new_layouts: dict[tuple[str, tuple[object, ...]], int] = {}
         with self._db:  # one transaction: a step is stored whole or not at all
-            self._db.execute("INSERT OR REPLACE INTO steps VALUES (?, ?, ?, ?, ?)", (*where, record.step, record.wall_time))
-            if record.scalars:
-                names = tuple((e.tensor, e.stat or "") for e in record.scalars)
-                layout = self._layout("scalars", names)
-                new_layouts[("scalars", names)] = layout
-                data = np.fromiter((e.value for e in record.scalars), dtype="<f8", count=len(record.scalars))
-                self._db.execute("INSERT OR REPLACE INTO scalars VALUES (?, ?, ?, ?, ?)", (*where, layout, data.tobytes()))
-            if record.histograms:
-                names = tuple((h.tensor, len(h.counts)) for h in record.histograms)
-                layout = self._layout("histograms", names)
-                new_layouts[("histograms", names)] = layout
-                counts = np.concatenate([np.asarray(h.counts, dtype="<i8") for h in record.histograms])
-                edges = np.concatenate([np.asarray(h.edges, dtype="<f8") for h in record.histograms])
-                info = np.array([[float(getattr(h, key)) for key in HISTOGRAM_INFO] for h in record.histograms], dtype="<f8")
+            self._db.execute("INSERT OR REPLACE INTO steps VALUES (?, ?, ?, ?, ?)", (*where, packed.step, packed.wall_time))
+            if packed.scalar_names:
+                layout = self._layout("scalars", packed.scalar_names)
+                new_layouts[("scalars", packed.scalar_names)] = layout
+                data = packed.scalar_values.astype("<f8", copy=False).tobytes()
+                self._db.execute("INSERT OR REPLACE INTO scalars VALUES (?, ?, ?, ?, ?)", (*where, layout, data))
+            if packed.histogram_names:
+                layout = self._layout("histograms", packed.histogram_names)
+                new_layouts[("histograms", packed.histogram_names)] = layout
                 self._db.execute(
                     "INSERT OR REPLACE INTO histograms VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (*where, layout, counts.tobytes(), edges.tobytes(), info.tobytes()),
+                    (
+                        *where, layout, packed.counts.astype("<i8", copy=False).tobytes(),
+                        packed.edges.astype("<f8", copy=False).tobytes(), packed.histogram_info.astype("<f8", copy=False).tobytes(),
+                    ),
                 )
             self._db.executemany(
                 "INSERT OR REPLACE INTO tensors VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(*where, t.tensor, record.step, record.wall_time, encode_array(t.value)) for t in record.tensors],
+                [(*where, t.tensor, packed.step, packed.wall_time, encode_array(t.value)) for t in packed.tensors],
             )
-            shapes = {name: shape for name, shape in record.shapes.items() if self._shapes.get(name) != shape}
+            shapes = {name: shape for name, shape in packed.shapes.items() if self._shapes.get(name) != shape}
             self._db.executemany(
                 "INSERT OR REPLACE INTO shapes VALUES (?, ?)",
                 [(name, json.dumps(list(shape))) for name, shape in shapes.items()],

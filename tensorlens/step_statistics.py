@@ -11,6 +11,8 @@ The host side is turned into records later, on the dispatcher thread (:meth:`Hos
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import math
 import time
 import warnings
@@ -22,7 +24,8 @@ import torch
 
 from tensorlens import native
 from tensorlens.config import HistogramConfig
-from tensorlens.records import HistogramEntry, ScalarEntry, TensorEntry
+from tensorlens.modes import ModeKeys
+from tensorlens.records import HISTOGRAM_INFO, HistogramEntry, PackedRecord, ScalarEntry, TensorEntry
 from tensorlens.reductions import (
     COL,
     NATIVE_COLUMNS,
@@ -185,6 +188,32 @@ class HostStatistics:
             out.update(zip(members, edges, strict=True))
         return out
 
+    def _plain_values(self) -> np.ndarray:
+        """A plain scalar's value: the mean of its calls in the step (NaN without any)."""
+        count, total = self.rows[:, COL["count"]], self.rows[:, COL["sum"]]
+        with np.errstate(all="ignore"):
+            return np.where(count > 0, total / np.where(count > 0, count, 1.0), math.nan)
+
+    def pack(self) -> _PackedPart:
+        """The scalars and histograms of :meth:`entries` as arrays (see :func:`pack_step`)."""
+        names, stat_index, job_index = _scalar_layout(tuple((j.name, j.stats, j.plain_scalar) for j in self.jobs))
+        table = finalize_rows(self.rows)
+        matrix = np.stack([table[stat] for stat in _STAT_ORDER] + [self._plain_values()])
+        order = sorted(self.histograms)
+        edges = self._edges()
+        sums, sumsq = table["sum"], self.rows[:, COL["sumsq"]]
+        nan_counts, inf_counts = table["nan_count"], table["inf_count"]
+        info = [
+            (h.data_low, h.data_high, h.binned, sums[i], sumsq[i], nan_counts[i], inf_counts[i], h.rejected,
+             h.underflow, h.overflow, h.sampled)
+            for i, h in ((i, self.histograms[i]) for i in order)
+        ]
+        return _PackedPart(
+            names, matrix[stat_index, job_index],
+            tuple((self.jobs[i].name, len(self.histograms[i].counts)) for i in order),
+            [self.histograms[i].counts for i in order], [edges[i] for i in order], info,
+        )
+
     def entries(self) -> tuple[list[ScalarEntry], list[HistogramEntry], list[TensorEntry], dict[str, tuple[int, ...]]]:
         # Runs on the dispatcher thread, which shares the GIL with the training thread: the
         # statistics of all tensors are computed in a few vectorised numpy calls, and the GIL is
@@ -192,9 +221,7 @@ class HostStatistics:
         tensors = [TensorEntry(self.jobs[i].name, value) for i, value in self.raw.items()]
         shapes = {job.name: job.shape for job in self.jobs if job.shape is not None}
         table = {name: column.tolist() for name, column in finalize_rows(self.rows).items()}
-        count, total = self.rows[:, COL["count"]], self.rows[:, COL["sum"]]
-        with np.errstate(all="ignore"):  # a scalar called several times in a step is recorded as the mean
-            plain = np.where(count > 0, total / np.where(count > 0, count, 1.0), math.nan).tolist()
+        plain = self._plain_values().tolist()  # a scalar called several times in a step: the mean
         scalars = [
             entry
             for i, job in enumerate(self.jobs)
@@ -230,6 +257,66 @@ class HostStatistics:
                 )
             )
         return scalars, histograms, tensors, shapes
+
+
+@dataclasses.dataclass
+class _PackedPart:
+    """One :class:`HostStatistics` as the arrays of a :class:`PackedRecord`."""
+
+    scalar_names: tuple[tuple[str, str], ...]
+    scalar_values: np.ndarray
+    histogram_names: tuple[tuple[str, int], ...]
+    counts: list[np.ndarray]
+    edges: list[np.ndarray]
+    info: list[tuple[float, ...]]
+
+
+@functools.lru_cache(maxsize=16)  # a step's jobs are almost always the previous step's
+def _scalar_layout(jobs: tuple[tuple[str, tuple[str, ...], bool], ...]) -> tuple[tuple[tuple[str, str], ...], np.ndarray, np.ndarray]:
+    """``(names, statistic index, job index)`` of every scalar of jobs ``(name, stats,
+    plain_scalar)``, in the order :meth:`HostStatistics.entries` lists them; statistic index
+    ``len(STAT_ORDER)`` is a plain scalar's own value."""
+    names, stat_index, job_index = [], [], []
+    for i, (name, stats, plain) in enumerate(jobs):
+        for stat in ((None,) if plain else stats):
+            names.append((name, stat or ""))
+            stat_index.append(len(_STAT_ORDER) if stat is None else _STAT_ORDER.index(stat))
+            job_index.append(i)
+    return tuple(names), np.array(stat_index, dtype=np.intp), np.array(job_index, dtype=np.intp)
+
+
+_STAT_ORDER = tuple(finalize_rows(np.zeros((1, len(PARTIALS)))))
+
+
+def pack_step(
+    step: int, mode: ModeKeys, mode_step: int, worker: str, wall_time: float,
+    host_scalars: list[ScalarEntry], parts: list[HostStatistics],
+) -> PackedRecord:
+    """The :class:`PackedRecord` of a step: the same names, values and order as the
+    :class:`StepRecord` that ``host_scalars`` followed by each part's :meth:`HostStatistics.entries`
+    make, without an object per number."""
+    packed = [part.pack() for part in parts]
+    tensors: list[TensorEntry] = []
+    shapes: dict[str, tuple[int, ...]] = {}
+    for part in parts:
+        tensors += [TensorEntry(part.jobs[i].name, value) for i, value in part.raw.items()]
+        shapes.update({job.name: job.shape for job in part.jobs if job.shape is not None})
+    host_names = tuple((e.tensor, e.stat or "") for e in host_scalars)
+    host_values = np.array([e.value for e in host_scalars], dtype=np.float64)
+    counts = [c for p in packed for c in p.counts]
+    edges = [e for p in packed for e in p.edges]
+    info = [row for p in packed for row in p.info]
+    return PackedRecord(
+        step, mode, mode_step, worker, wall_time,
+        scalar_names=tuple(itertools.chain(host_names, *(p.scalar_names for p in packed))),
+        scalar_values=np.concatenate([host_values, *(p.scalar_values for p in packed)]),
+        histogram_names=tuple(itertools.chain.from_iterable(p.histogram_names for p in packed)),
+        counts=np.concatenate(counts).astype(np.int64, copy=False) if counts else np.zeros(0, dtype=np.int64),
+        edges=np.concatenate(edges).astype(np.float64, copy=False) if edges else np.zeros(0, dtype=np.float64),
+        histogram_info=np.array(info, dtype=np.float64).reshape(len(info), len(HISTOGRAM_INFO)),
+        tensors=tensors,
+        shapes=shapes,
+    )
 
 
 @dataclasses.dataclass

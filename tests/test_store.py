@@ -161,3 +161,55 @@ def test_a_store_of_another_schema_is_refused_clearly(tmp_path) -> None:
         db.execute("INSERT INTO meta VALUES ('schema_version', '2')")
     with pytest.raises(ValueError, match="schema 2; this tensorlens reads schema 3"):
         tl.open_run(str(tmp_path))
+
+
+def test_the_packed_record_stores_the_same_bytes_as_the_step_record(tmp_path, monkeypatch) -> None:
+    # With only the local store, a step goes to it as arrays (PackedRecord), never as an object
+    # per number; a tracker gets the StepRecord. Both must store exactly the same rows: here the
+    # hook's local store (packed) against the memory backend's records written by hand.
+    import sqlite3
+
+    from tensorlens.backends.local import LocalBackend
+    from tensorlens.records import PackedRecord
+    from tensorlens.run_store import RunStoreWriter
+
+    received = []
+    write = LocalBackend.write
+    monkeypatch.setattr(LocalBackend, "write", lambda self, record: (received.append(type(record)), write(self, record)))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    memory = tl.MemoryBackend()
+    hook = tl.Hook(
+        out_dir=tmp_path / "packed", backends=["local", memory], include_collections=["all"],
+        reduction_config=tl.ReductionConfig(reductions=("min", "max", "mean", "std", "median"), abs_reductions=("mean",),
+                                            counts=("zero_fraction",), save_shape=True),
+        save_config=tl.SaveConfig(save_interval=1),
+    )
+    hook.register_module(model)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    for step in range(4):
+        x = torch.randn(5, 6)
+        if step == 2:
+            x[0, 0] = float("nan")  # NaN counts and a histogram binned again with a finite mask
+        loss = model(x).pow(2).mean()
+        hook.save_scalar("lr_scale", 0.5 * step)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            model(torch.randn(3, 6))  # an eval-free extra forward: activations of two calls merge
+    hook.close()
+    assert received == [PackedRecord] * 4
+    writer = RunStoreWriter(str(tmp_path / "records" / "tensorlens.sqlite"))
+    for record in memory.records:
+        writer.write(record)
+    writer.close()
+
+    def rows(path):
+        with sqlite3.connect(path) as db:
+            return {table: sorted(db.execute(f"SELECT * FROM {table}").fetchall())
+                    for table in ("steps", "layouts", "scalars", "histograms", "tensors", "shapes")}
+
+    packed, reference = rows(tmp_path / "packed" / "tensorlens.sqlite"), rows(tmp_path / "records" / "tensorlens.sqlite")
+    assert len(reference["scalars"]) == 4 and len(reference["histograms"]) == 4 and reference["shapes"]
+    assert packed == reference
