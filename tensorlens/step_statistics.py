@@ -331,6 +331,9 @@ class _DeviceHistograms:
     dtype: torch.dtype  # the dtype values were binned in; the host derives exact edges in it
 
 
+_OWN_COMPUTE_DTYPE = (torch.float32, torch.float64)  # dtypes that compute_dtype keeps as they are
+
+
 class StepStatistics:
     """Computes :class:`HostStatistics` for a list of :class:`TensorJob`.
 
@@ -358,6 +361,8 @@ class StepStatistics:
 
     def _values(self, job: TensorJob) -> torch.Tensor:
         """The job's values, flat in the compute dtype; for a reduced job, its histogram sample."""
+        if len(job.pieces) == 1 and job.pieces[0].dtype in _OWN_COMPUTE_DTYPE and not isinstance(job.pieces[0], ReducedPiece):
+            return job.pieces[0].detach().reshape(-1)  # the usual parameter or gradient: a flat view
         if any(isinstance(piece, ReducedPiece) for piece in job.pieces):
             return torch.cat([piece.sample for piece in self._reduced_pieces(job)])
         pieces = []
@@ -413,7 +418,7 @@ class StepStatistics:
             return HostStatistics(metas, np.zeros((0, len(PARTIALS))), {}, {})
         values = [self._values(job) for job in jobs]
         device = values[0].device
-        values = [v.to(device) for v in values]
+        values = [v if v.device == device else v.to(device) for v in values]
         partitioned = [job.partitioned for job in jobs]
         reduced = [i for i, job in enumerate(jobs) if any(isinstance(p, ReducedPiece) for p in job.pieces)]
         rows, gathered = self._rows(jobs, values, metas, reduced)
