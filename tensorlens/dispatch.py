@@ -176,13 +176,11 @@ class Dispatcher:
                     continue
                 make_record, make_packed = item  # type: ignore[misc]
                 try:
-                    built: dict[bool, StepRecord | PackedRecord] = {}
-                    for channel in self._channels:
-                        packed = make_packed is not None and channel.backend.accepts_packed
-                        if packed not in built:
-                            built[packed] = make_packed() if packed else make_record()
-                    for channel in self._channels:
-                        channel.submit(built[make_packed is not None and channel.backend.accepts_packed])
+                    # each form built once, and only if some backend takes it
+                    packed = [make_packed is not None and c.backend.accepts_packed for c in self._channels]
+                    built = {p: make_packed() if p and make_packed is not None else make_record() for p in set(packed)}
+                    for channel, p in zip(self._channels, packed, strict=True):
+                        channel.submit(built[p])
                 except Exception as err:  # a bug of ours must not take training down
                     warnings.warn(f"tensorlens: could not build a record: {type(err).__name__}: {err}", stacklevel=2)
                     continue

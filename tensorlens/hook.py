@@ -191,7 +191,7 @@ class Hook:
         # window must not take the train micro-batches' captures, nor they its own
         self._pending: dict[tuple[ModeKeys, str, str], list[torch.Tensor]] = defaultdict(list)
         # per (mode, kind, module): what to reduce a large capture with, or None; valid while the
-        # configs that decide it are unchanged (_plans_for: checked once per step)
+        # configs that decide it are unchanged (_check_plans, at a step's first capture)
         self._capture_plans: dict[tuple[object, ...], ReducePlan | None] = {}
         self._plans_step: tuple[ModeKeys, int] | None = None
         self._plans_configs: tuple[object, ...] | None = None

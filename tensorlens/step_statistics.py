@@ -5,7 +5,8 @@ partial row and histogram is computed on the tensors' device without a host sync
 ``.cpu()`` of one concatenated buffer brings everything over. Only a step in which some tensor
 holds NaN or Inf needs a second, smaller pass and copy. Histogram edges are derived exactly on the
 host, off the training thread (:func:`~tensorlens.reductions.exact_edges`).
-The host side is turned into records later, on the dispatcher thread (:meth:`HostStatistics.entries`).
+The host side is turned into records later, on the dispatcher thread: arrays for the local store
+(:func:`pack_step`), entry objects only for a tracker (:meth:`HostStatistics.entries`).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ class ReducedPiece:
 @dataclasses.dataclass(frozen=True)
 class ReducePlan:
     """What :func:`reduce_now` computes for the tensors of one module: decided once per module
-    and step, so that each captured tensor costs only the kernel call."""
+    (while the configs stay the same), so that each captured tensor costs only the kernel call."""
 
     wants: int  # the kernel's optional columns (native.wants)
     sample: int | None  # the histogram's sample size; None: every value
@@ -275,7 +276,7 @@ class _PackedPart:
 def _scalar_layout(jobs: tuple[tuple[str, tuple[str, ...], bool], ...]) -> tuple[tuple[tuple[str, str], ...], np.ndarray, np.ndarray]:
     """``(names, statistic index, job index)`` of every scalar of jobs ``(name, stats,
     plain_scalar)``, in the order :meth:`HostStatistics.entries` lists them; statistic index
-    ``len(STAT_ORDER)`` is a plain scalar's own value."""
+    ``len(_STAT_ORDER)`` is a plain scalar's own value."""
     names, stat_index, job_index = [], [], []
     for i, (name, stats, plain) in enumerate(jobs):
         for stat in ((None,) if plain else stats):
@@ -361,7 +362,7 @@ class StepStatistics:
 
     def _values(self, job: TensorJob) -> torch.Tensor:
         """The job's values, flat in the compute dtype; for a reduced job, its histogram sample."""
-        if len(job.pieces) == 1 and job.pieces[0].dtype in _OWN_COMPUTE_DTYPE and not isinstance(job.pieces[0], ReducedPiece):
+        if len(job.pieces) == 1 and not isinstance(job.pieces[0], ReducedPiece) and job.pieces[0].dtype in _OWN_COMPUTE_DTYPE:
             return job.pieces[0].detach().reshape(-1)  # the usual parameter or gradient: a flat view
         if any(isinstance(piece, ReducedPiece) for piece in job.pieces):
             return torch.cat([piece.sample for piece in self._reduced_pieces(job)])
