@@ -2,11 +2,12 @@
  *
  * Eager PyTorch needs about six passes over a tensor for exact sum, min, max and centred second
  * moment (sum, aminmax, x - mean, sum, square, sum). This reads each value from memory once: a
- * tensor is cut into blocks of BLOCK values (16 KiB of float32 with AVX-512) that stay in L1; each block is
- * summed, then read again from L1 for its deviations from its own mean (the corrected two-pass
- * algorithm), |x|, zeros, min and max. Blocks are merged in double precision with Chan's parallel
- * update, so the result is more accurate than PyTorch's float32 cascade sum (1e-10 relative on
- * 3M N(0,1) values).
+ * tensor is cut into blocks of BLOCK values (16 KiB of float32 with AVX-512) that stay in L1;
+ * each block is summed, then read again from L1 for its deviations from its own mean (the
+ * corrected two-pass algorithm), |x|, zeros, min and max. Blocks are merged in double precision
+ * with Chan's parallel update: an error of about 5e-10 of sum(|x|) on 3M N(0,1) float32 values,
+ * the order of PyTorch's pairwise float32 sum, and a large offset does not cancel (each block is
+ * centred on its own mean).
  *
  * Lanes: a block is accumulated in ACC independent vectors of each quantity (GCC/clang generic
  * vectors, lowered to the widest SIMD registers -march=native allows), enough to hide the add
