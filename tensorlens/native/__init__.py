@@ -192,7 +192,9 @@ def moments_one(values: torch.Tensor, sample_stride: int, wants: int) -> tuple[n
     """:func:`moments` of one tensor (its ``[len(COLUMNS)]`` row and sample), with ``wants``
     from :func:`wants`: the lean path for one large activation in its forward hook, with the
     kernel's threads when they are PyTorch's own (:func:`shares_torch_threads`), else one."""
-    library = _library if _tried else (_library if available() else None)
+    if not _tried:
+        available()
+    library = _library  # set before _tried: read without the lock on this hot path
     if library is None:
         return None
     out = np.empty(len(COLUMNS), dtype=np.float64)
