@@ -158,6 +158,22 @@ def test_kernel_bins_exactly_like_pytorch(kernel_on, dtype: torch.dtype, clip: b
     np.testing.assert_array_equal(found[2], above.numpy())
 
 
+@pytest.mark.parametrize("clip", [False, True])
+def test_kernel_bins_a_range_that_rounds_to_a_point_like_pytorch(kernel_on, clip: bool) -> None:
+    # HistogramConfig(range=(0.1, 0.1 + 1e-9)) is a valid range in float64 and a point in float32:
+    # the scale is inf and (x - low) * scale is NaN at x == low. Both paths put it in bin 0. (The
+    # kernel used to cast that NaN to an index, undefined in C; GCC's min/max happened to give 0.)
+    low = torch.tensor([0.1], dtype=torch.float64).to(torch.float32)
+    high = torch.tensor([0.1 + 1e-9], dtype=torch.float64).to(torch.float32)
+    sample = torch.tensor([0.1, 0.1, 0.2, 0.05, 0.1 + 1e-9], dtype=torch.float32)
+    counts, scale, below, above = histogram_counts([sample], low, high, 8, clip=clip)
+    assert math.isinf(float(scale[0]))
+    found = native.histograms([sample], [1], low.double().numpy(), high.double().numpy(), scale.double().numpy(), 8, clip)
+    np.testing.assert_array_equal(found[0], counts.numpy())
+    np.testing.assert_array_equal(found[1], below.numpy())
+    np.testing.assert_array_equal(found[2], above.numpy())
+
+
 def test_engine_histograms_match_numpy_with_the_kernel(kernel_on) -> None:
     g = torch.Generator().manual_seed(5)
     tensors = [torch.randn(512, 512, generator=g), torch.randn(64, 32768, generator=g, dtype=torch.float64) * 1e-3]

@@ -390,7 +390,10 @@ int tl_moments_one(const void *data, int64_t numel, int32_t is_double, int32_t w
             if (clip && v < lo) { (*below)++; continue; }                                    \
             if (clip && v > hi) { (*above)++; continue; }                                    \
             T position = (v - lo) * scale;                                                   \
-            position = position < 0 ? 0 : position > top ? top : position;                   \
+            /* as nan_to_num + clamp on the PyTorch path: NaN (0 * inf, a range that rounds   \
+             * to a point in the dtype) and -inf to bin 0, +inf to the last */                \
+            if (!(position >= 0)) position = 0;                                              \
+            else if (position > top) position = top;                                         \
             counts[(int64_t)FLOOR(position)]++;                                              \
         }                                                                                    \
     }
