@@ -87,6 +87,17 @@ class StepRecord:
 HISTOGRAM_INFO = (
     "min", "max", "count", "sum", "sum_squares", "nan_count", "inf_count", "rejected", "underflow", "overflow", "sampled",
 )
+#: The :data:`HISTOGRAM_INFO` columns that hold counts (integers stored as float64).
+HISTOGRAM_INTEGER_INFO = frozenset({"count", "nan_count", "inf_count", "rejected", "underflow", "overflow"})
+
+
+def histogram_entry(tensor: str, counts: np.ndarray, edges: np.ndarray, info: tuple[float, ...]) -> HistogramEntry:
+    """The :class:`HistogramEntry` of one packed histogram (``info`` in :data:`HISTOGRAM_INFO` order)."""
+    fields = {
+        key: int(value) if key in HISTOGRAM_INTEGER_INFO else bool(value) if key == "sampled" else float(value)
+        for key, value in zip(HISTOGRAM_INFO, info, strict=True)
+    }
+    return HistogramEntry(tensor, counts, edges, **fields)
 
 
 @dataclasses.dataclass

@@ -24,7 +24,7 @@ import sqlite3
 
 import numpy as np
 
-from tensorlens.records import HISTOGRAM_INFO, PackedRecord, StepRecord
+from tensorlens.records import HISTOGRAM_INFO, HISTOGRAM_INTEGER_INFO, PackedRecord, StepRecord
 
 # 3: one row per step for all scalars and one for all histograms, packed as arrays, with the
 #    names in a ``layouts`` table (a step's layout is almost always the previous step's).
@@ -55,7 +55,6 @@ CREATE TABLE IF NOT EXISTS tensors (
 CREATE TABLE IF NOT EXISTS shapes (tensor TEXT PRIMARY KEY, shape TEXT NOT NULL);
 """
 
-_INTEGER_INFO = {"count", "nan_count", "inf_count", "rejected", "underflow", "overflow"}
 
 
 def store_filename(worker: str, primary: bool) -> str:
@@ -163,7 +162,7 @@ def histogram_info(row: np.ndarray) -> dict[str, object]:
     for key, value in zip(HISTOGRAM_INFO, row.tolist(), strict=True):
         if value != value:
             info[key] = None
-        elif key in _INTEGER_INFO:
+        elif key in HISTOGRAM_INTEGER_INFO:
             info[key] = int(value)
         elif key == "sampled":
             info[key] = bool(value)

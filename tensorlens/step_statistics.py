@@ -26,7 +26,7 @@ import torch
 from tensorlens import native
 from tensorlens.config import HistogramConfig
 from tensorlens.modes import ModeKeys
-from tensorlens.records import HISTOGRAM_INFO, HistogramEntry, PackedRecord, ScalarEntry, TensorEntry
+from tensorlens.records import HISTOGRAM_INFO, HistogramEntry, PackedRecord, ScalarEntry, TensorEntry, histogram_entry
 from tensorlens.reductions import (
     COL,
     NATIVE_COLUMNS,
@@ -196,7 +196,8 @@ class HostStatistics:
             return np.where(count > 0, total / np.where(count > 0, count, 1.0), math.nan)
 
     def pack(self) -> _PackedPart:
-        """The scalars and histograms of :meth:`entries` as arrays (see :func:`pack_step`)."""
+        """The step's scalars (names and values) and histograms as arrays, in record order (see
+        :func:`pack_step`; :meth:`entries` makes objects of them)."""
         names, stat_index, job_index = _scalar_layout(tuple((j.name, j.stats, j.plain_scalar) for j in self.jobs))
         table = finalize_rows(self.rows)
         matrix = np.stack([table[stat] for stat in _STAT_ORDER] + [self._plain_values()])
@@ -216,48 +217,23 @@ class HostStatistics:
         )
 
     def entries(self) -> tuple[list[ScalarEntry], list[HistogramEntry], list[TensorEntry], dict[str, tuple[int, ...]]]:
-        # Runs on the dispatcher thread, which shares the GIL with the training thread: the
-        # statistics of all tensors are computed in a few vectorised numpy calls, and the GIL is
-        # handed back between the stages.
-        tensors = [TensorEntry(self.jobs[i].name, value) for i, value in self.raw.items()]
-        shapes = {job.name: job.shape for job in self.jobs if job.shape is not None}
-        table = {name: column.tolist() for name, column in finalize_rows(self.rows).items()}
-        plain = self._plain_values().tolist()  # a scalar called several times in a step: the mean
+        """:meth:`pack` as record entries, for trackers (runs on the dispatcher thread)."""
+        part = self.pack()
+        time.sleep(0)  # hand the GIL to the training thread between the vectorised stage and the objects
         scalars = [
-            entry
-            for i, job in enumerate(self.jobs)
-            for entry in (
-                [ScalarEntry(job.name, None, plain[i])]
-                if job.plain_scalar
-                else [ScalarEntry(job.name, stat, table[stat][i]) for stat in job.stats]
-            )
+            ScalarEntry(tensor, stat or None, value)
+            for (tensor, stat), value in zip(part.scalar_names, part.scalar_values.tolist(), strict=True)
         ]
-        time.sleep(0)
-        edges = self._edges()
-        time.sleep(0)
-        histograms = []
-        sums, sumsq = table["sum"], self.rows[:, COL["sumsq"]].tolist()
-        nan_counts, inf_counts = table["nan_count"], table["inf_count"]
-        for i, hist in sorted(self.histograms.items()):
-            histograms.append(
-                HistogramEntry(
-                    tensor=self.jobs[i].name,
-                    counts=hist.counts,
-                    edges=edges[i],
-                    min=hist.data_low,
-                    max=hist.data_high,
-                    count=hist.binned,
-                    sum=sums[i],
-                    sum_squares=sumsq[i],
-                    nan_count=int(nan_counts[i]),
-                    inf_count=int(inf_counts[i]),
-                    rejected=hist.rejected,
-                    underflow=hist.underflow,
-                    overflow=hist.overflow,
-                    sampled=hist.sampled,
-                )
-            )
-        return scalars, histograms, tensors, shapes
+        histograms = [
+            histogram_entry(tensor, counts, edges, info)
+            for (tensor, _), counts, edges, info in zip(part.histogram_names, part.counts, part.edges, part.info, strict=True)
+        ]
+        return scalars, histograms, *self.tensors_and_shapes()
+
+    def tensors_and_shapes(self) -> tuple[list[TensorEntry], dict[str, tuple[int, ...]]]:
+        """The raw tensors saved and the shapes recorded in this step."""
+        tensors = [TensorEntry(self.jobs[i].name, value) for i, value in self.raw.items()]
+        return tensors, {job.name: job.shape for job in self.jobs if job.shape is not None}
 
 
 @dataclasses.dataclass
@@ -275,7 +251,7 @@ class _PackedPart:
 @functools.lru_cache(maxsize=16)  # a step's jobs are almost always the previous step's
 def _scalar_layout(jobs: tuple[tuple[str, tuple[str, ...], bool], ...]) -> tuple[tuple[tuple[str, str], ...], np.ndarray, np.ndarray]:
     """``(names, statistic index, job index)`` of every scalar of jobs ``(name, stats,
-    plain_scalar)``, in the order :meth:`HostStatistics.entries` lists them; statistic index
+    plain_scalar)``, job by job in its statistics' order; statistic index
     ``len(_STAT_ORDER)`` is a plain scalar's own value."""
     names, stat_index, job_index = [], [], []
     for i, (name, stats, plain) in enumerate(jobs):
@@ -293,15 +269,15 @@ def pack_step(
     step: int, mode: ModeKeys, mode_step: int, worker: str, wall_time: float,
     host_scalars: list[ScalarEntry], parts: list[HostStatistics],
 ) -> PackedRecord:
-    """The :class:`PackedRecord` of a step: the same names, values and order as the
-    :class:`StepRecord` that ``host_scalars`` followed by each part's :meth:`HostStatistics.entries`
-    make, without an object per number."""
+    """The :class:`PackedRecord` of a step (``host_scalars``, then each part's statistics): what
+    :meth:`HostStatistics.entries` turns into objects, without an object per number."""
     packed = [part.pack() for part in parts]
     tensors: list[TensorEntry] = []
     shapes: dict[str, tuple[int, ...]] = {}
     for part in parts:
-        tensors += [TensorEntry(part.jobs[i].name, value) for i, value in part.raw.items()]
-        shapes.update({job.name: job.shape for job in part.jobs if job.shape is not None})
+        part_tensors, part_shapes = part.tensors_and_shapes()
+        tensors += part_tensors
+        shapes.update(part_shapes)
     host_names = tuple((e.tensor, e.stat or "") for e in host_scalars)
     host_values = np.array([e.value for e in host_scalars], dtype=np.float64)
     counts = [c for p in packed for c in p.counts]
