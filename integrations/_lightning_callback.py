@@ -40,13 +40,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from tensorlens import summaries
 from tensorlens.backends.base import Backend, registered_backends
+from tensorlens.capture import summaries
+from tensorlens.capture.hook import DEFAULT_RUNS_DIR, WORKER_MODES, Hook, _default_run_name
 from tensorlens.collection import DEFAULT_KINDS
 from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig, expected
-from tensorlens.hook import DEFAULT_RUNS_DIR, WORKER_MODES, Hook, _default_run_name
 from tensorlens.modes import ModeKeys
-from tensorlens.run_store import safe_run_name
+from tensorlens.store.schema import safe_run_name
 from tensorlens.watch import histogram_config_from
 
 if TYPE_CHECKING:

@@ -10,14 +10,14 @@ from __future__ import annotations
 from tensorlens import modes
 from tensorlens.backends.base import Backend, RunInfo, register_backend, registered_backends
 from tensorlens.backends.memory import MemoryBackend
+from tensorlens.capture.hook import Hook
+from tensorlens.capture.summaries import summarize_scalar, summarize_tensor
 from tensorlens.collection import Collection
 from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig, SaveConfigMode
 from tensorlens.file_limit import setup
-from tensorlens.hook import Hook
 from tensorlens.modes import ModeKeys
-from tensorlens.reader import Run, TensorDescriptor, TensorView, open_run
 from tensorlens.records import HistogramEntry, ScalarEntry, StepRecord, TensorEntry
-from tensorlens.summaries import summarize_scalar, summarize_tensor
+from tensorlens.store.reader import Run, TensorDescriptor, TensorView, open_run
 from tensorlens.watch import watch
 
 __version__ = "0.1.0"

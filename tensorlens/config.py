@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from tensorlens._checks import _int_or_none, expected
 from tensorlens.modes import ModeKeys
 
 #: Reductions over the values (``abs_<name>`` is the same reduction over ``|x|``).
@@ -23,18 +24,6 @@ ALWAYS_RECORDED = ("numel", "nan_count", "inf_count")
 COUNTS = ("zero_fraction",)
 
 MAX_HISTOGRAM_BINS = 512  # W&B rejects more than 512 bins
-
-
-def expected(name: str, what: str, got: Any) -> ValueError:
-    """The uniform wording of every configuration error."""
-    return ValueError(f"Expected `{name}` to be {what}, but got {got!r}")
-
-
-def _int_or_none(name: str, value: Any, minimum: int = 0) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise expected(name, f"None or an integer >= {minimum}", value)
 
 
 def _names(name: str, value: Any, allowed: Iterable[str]) -> tuple[str, ...]:

@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from torch import nn
 
 from tensorlens.backends.base import Backend
+from tensorlens.capture.hook import Hook
 from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig, expected
-from tensorlens.hook import Hook
 
 _WANDB_LOG = {
     "gradients": ["gradients", "losses", "summaries", "scalars"],

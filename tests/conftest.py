@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 def kernel(request, monkeypatch):
     """Run a test with the compiled CPU kernel and with PyTorch ops alone (TENSORLENS_NATIVE=0):
     both must give the same, exact statistics."""
-    from tensorlens import native
+    from tensorlens.stats import native
 
     if request.param == "torch":
         monkeypatch.setenv("TENSORLENS_NATIVE", "0")

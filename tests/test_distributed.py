@@ -26,7 +26,7 @@ from torch import nn
 
 import tensorlens as tl
 from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig
-from tensorlens.reductions import reject_outliers
+from tensorlens.stats.histogram import reject_outliers
 
 WORLD = 2
 DEADLINE_S = 150  # for a whole scenario, start-up of both interpreters included
@@ -124,8 +124,9 @@ def _host_entries(host: Any) -> dict[str, Any]:
 
 def _engine_part(rank: int) -> dict[str, Any]:
     """StepStatistics with the CollectiveReducer, no hook: the slow (differing jobs) and fast paths."""
-    from tensorlens.distributed import CollectiveReducer
-    from tensorlens.step_statistics import StepStatistics, TensorJob
+    from tensorlens.engine.distributed import CollectiveReducer
+    from tensorlens.engine.jobs import TensorJob
+    from tensorlens.engine.step import StepStatistics
 
     reducer = CollectiveReducer()
     jobs = []

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from tensorlens import native
 from tensorlens.config import HistogramConfig
-from tensorlens.reductions import COL, NATIVE_COLUMNS, histogram_counts, histogram_range, partial_rows, sample_stride
-from tensorlens.step_statistics import StepStatistics, TensorJob
+from tensorlens.engine.jobs import TensorJob
+from tensorlens.engine.step import StepStatistics
+from tensorlens.stats import native
+from tensorlens.stats.histogram import histogram_counts, histogram_range, sample_stride
+from tensorlens.stats.moments import COL, NATIVE_COLUMNS, partial_rows
 
 
 @pytest.fixture
@@ -122,7 +124,7 @@ def test_a_build_without_openmp_uses_its_own_threads_and_agrees(kernel_on, monke
     without OpenMP and starts its own threads: the same rows."""
     values = [torch.randn(2_500_000, generator=torch.Generator().manual_seed(2))]
     reference, _ = native.moments(values, threads=2)
-    monkeypatch.setattr(native, "_torch_uses_libgomp", lambda: False)
+    monkeypatch.setattr(native.build, "_torch_uses_libgomp", lambda: False)
     monkeypatch.setenv("TENSORLENS_CACHE", str(tmp_path))
     native.reset()
     assert native.available() and not native.shares_torch_threads()
@@ -206,7 +208,7 @@ def _stats(tensor: torch.Tensor):
 
 
 def test_kernel_edges_are_bit_identical_to_numpy(kernel_on) -> None:
-    from tensorlens.reductions import exact_edges_numpy
+    from tensorlens.stats.edges import exact_edges_numpy
 
     rng = np.random.default_rng(0)
     for trial in range(300):

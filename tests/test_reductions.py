@@ -9,15 +9,10 @@ import pytest
 import torch
 
 from tensorlens.config import HistogramConfig
-from tensorlens.reductions import (
-    PARTIALS,
-    histogram_range,
-    histogram_scale,
-    merge_partials,
-    needed_columns,
-    partial_row,
-)
-from tensorlens.step_statistics import StepStatistics, TensorJob
+from tensorlens.engine.jobs import TensorJob
+from tensorlens.engine.step import StepStatistics
+from tensorlens.stats.histogram import histogram_range, histogram_scale
+from tensorlens.stats.moments import PARTIALS, merge_partials, needed_columns, partial_row
 
 ALL_STATS = (
     "min", "max", "mean", "std", "variance", "sum", "prod", "median", "l1", "l2", "linf",
@@ -232,7 +227,7 @@ def test_histogram_sampling_is_a_documented_stride_and_reductions_stay_exact() -
 
 
 def test_sample_stride_visits_every_column_of_a_matrix() -> None:
-    from tensorlens.reductions import sample_stride
+    from tensorlens.stats.histogram import sample_stride
 
     assert sample_stride(512 * 512, 512, period=512) == 513  # 512 would take column 0 of every row
     assert sample_stride(100, None, period=10) == 1

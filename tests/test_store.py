@@ -128,7 +128,7 @@ def _record(step: int, tensors: list[str], value: float) -> tl.StepRecord:
 def test_packed_rows_read_back_across_changing_layouts(tmp_path) -> None:
     # A step's scalars and histograms are packed into one row each, named by a layout; the set of
     # tensors changes between steps (a module not called, a collection switched on).
-    from tensorlens.run_store import RunStoreWriter
+    from tensorlens.store.writer import RunStoreWriter
 
     writer = RunStoreWriter(str(tmp_path / "tensorlens.sqlite"))
     layouts = [["weights/a", "weights/b"], ["weights/a", "weights/b"], ["weights/b", "gradients/c"], ["weights/a", "weights/b"]]
@@ -171,7 +171,7 @@ def test_the_packed_record_stores_the_same_bytes_as_the_step_record(tmp_path, mo
 
     from tensorlens.backends.local import LocalBackend
     from tensorlens.records import PackedRecord
-    from tensorlens.run_store import RunStoreWriter
+    from tensorlens.store.writer import RunStoreWriter
 
     received = []
     write = LocalBackend.write

@@ -1,4 +1,4 @@
-"""The ``"local"`` backend: the run store on disk (see :mod:`tensorlens.run_store`)."""
+"""The ``"local"`` backend: the run store on disk (see :mod:`tensorlens.store.schema`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import ClassVar
 
 from tensorlens.backends.base import Backend, RunInfo
 from tensorlens.records import PackedRecord, StepRecord
-from tensorlens.run_store import RunStoreWriter, store_filename
+from tensorlens.store.schema import store_filename
+from tensorlens.store.writer import RunStoreWriter
 
 
 class LocalBackend(Backend):

@@ -43,7 +43,7 @@ from tensorlens.integrations.mlflow import (  # noqa: E402
     histogram_quantiles,
     mlflow_metric_key,
 )
-from tensorlens.reader import TensorNotFound  # noqa: E402
+from tensorlens.store.reader import TensorNotFound  # noqa: E402
 
 # `mlflow server` took ~40 s to answer /health on a loaded 2-core machine; the bound only keeps
 # a broken server from hanging the suite.

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from tensorlens.hook import Hook
+    from tensorlens.capture.hook import Hook
 
 _active: list[weakref.ref[Hook]] = []
 _lock = threading.Lock()

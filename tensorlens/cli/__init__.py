@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from tensorlens.reader import open_run
+from tensorlens.store.reader import open_run
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 

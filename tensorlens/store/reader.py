@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tensorlens.modes import ModeKeys
-from tensorlens.run_store import (
+from tensorlens.store.schema import (
     HISTOGRAM_INFO,
     SCHEMA_VERSION,
     connect,
@@ -41,7 +41,7 @@ class TensorNotFound(KeyError):
 
 @dataclasses.dataclass(frozen=True)
 class _Layout:
-    """The names of one packed row (see :mod:`tensorlens.run_store`): which value is which."""
+    """The names of one packed row (see :mod:`tensorlens.store.schema`): which value is which."""
 
     kind: str  # "scalars" or "histograms"
     tensors: frozenset[str]

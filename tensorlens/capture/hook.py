@@ -33,9 +33,9 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils.hooks import RemovableHandle
 
-from tensorlens import native, summaries
 from tensorlens.backends.base import Backend, RunInfo, create_backend
-from tensorlens.capture import ModuleCapture
+from tensorlens.capture import summaries
+from tensorlens.capture.modules import ModuleCapture
 from tensorlens.collection import (
     ALIASES,
     DEFAULT_KINDS,
@@ -47,20 +47,12 @@ from tensorlens.collection import (
 )
 from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig, expected
 from tensorlens.dispatch import BackendStats, Dispatcher
+from tensorlens.engine.jobs import ReducedPiece, ReducePlan, TensorJob, WorkerReducer, reduce_now, reduce_plan
+from tensorlens.engine.step import HostStatistics, StepStatistics, pack_step
 from tensorlens.modes import ModeKeys
 from tensorlens.records import PackedRecord, ScalarEntry, StepRecord
-from tensorlens.run_store import safe_run_name
-from tensorlens.step_statistics import (
-    HostStatistics,
-    ReducedPiece,
-    ReducePlan,
-    StepStatistics,
-    TensorJob,
-    WorkerReducer,
-    pack_step,
-    reduce_now,
-    reduce_plan,
-)
+from tensorlens.stats import native
+from tensorlens.store.schema import safe_run_name
 
 DEFAULT_RUNS_DIR = "tensorlens_runs"
 WORKER_MODES = ("reduce", "one", "all")
@@ -157,7 +149,7 @@ class Hook:
         self.worker = "reduced" if self.world_size > 1 and include_workers == "reduce" else f"worker_{self.rank}"
         self._reducer: WorkerReducer | None = None
         if self.world_size > 1 and include_workers == "reduce":
-            from tensorlens.distributed import CollectiveReducer
+            from tensorlens.engine.distributed import CollectiveReducer
 
             self._reducer = CollectiveReducer()
 
@@ -166,7 +158,7 @@ class Hook:
             os.path.join(DEFAULT_RUNS_DIR, self.run_name)
         )
         if self.world_size > 1 and include_workers == "all":
-            from tensorlens.distributed import broadcast_run
+            from tensorlens.engine.distributed import broadcast_run
 
             # every rank's file in one folder: a default run name holds a time and a random id
             self.run_name, self.run_dir = broadcast_run(self.run_name, self.run_dir)
@@ -853,10 +845,10 @@ def _names_list(name: str, value: Iterable[str]) -> list[str]:
 
 
 def _piece(tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """``(what this rank contributes, partitioned)``; see :func:`tensorlens.distributed.local_piece`."""
+    """``(what this rank contributes, partitioned)``; see :func:`tensorlens.engine.distributed.local_piece`."""
     if not hasattr(tensor, "placements"):  # not a DTensor: skip importing torch.distributed.tensor
         return tensor, False
-    from tensorlens.distributed import local_piece
+    from tensorlens.engine.distributed import local_piece
 
     return local_piece(tensor)
 

@@ -2,7 +2,7 @@
 
 Under DDP each rank sees its own slice of the batch, under FSDP2 its own shard of every
 parameter. With ``include_workers="reduce"`` every rank computes the partial rows of its pieces
-(:mod:`tensorlens.reductions`), then :class:`CollectiveReducer` merges them:
+(:mod:`tensorlens.stats.moments`), then :class:`CollectiveReducer` merges them:
 
 - ``merge_rows``: one ``all_gather`` of the ``[N, K]`` partial rows, then :func:`merge_partials`
   (Chan's update for the centred moments) on every rank, so every rank holds the same exact
@@ -38,8 +38,8 @@ import torch
 import torch.distributed as dist
 
 from tensorlens.config import HistogramConfig
-from tensorlens.reductions import merge_partials
-from tensorlens.step_statistics import TensorJob
+from tensorlens.engine.jobs import TensorJob
+from tensorlens.stats.moments import merge_partials
 
 __all__ = ["CollectiveReducer", "broadcast_run", "is_sharded", "local_piece"]
 
@@ -121,7 +121,7 @@ def _spec(job: TensorJob) -> _JobSpec:
 
 
 class CollectiveReducer:
-    """The :class:`~tensorlens.step_statistics.WorkerReducer` for ``torch.distributed``.
+    """The :class:`~tensorlens.engine.step.WorkerReducer` for ``torch.distributed``.
 
     Every method is a collective: all ranks of ``group`` (default: the world) must call it in
     the same order with tensors of the same shapes; :meth:`agree_jobs` arranges that for a step.

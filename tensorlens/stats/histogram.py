@@ -1,0 +1,159 @@
+"""Histograms: the strided sample, outlier rejection, per-tensor ranges and the binning itself.
+
+A value ``x`` goes to bin ``floor((x - low) * scale)`` with ``scale`` rounded to the values' dtype,
+a deterministic monotone function of ``x``: :mod:`tensorlens.stats.edges` finds the exact edges
+where it changes bin, so ``np.histogram(values, bins=edges)`` reproduces the counts bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+
+def sample_stride(numel: int, sample: int | None, period: int = 1) -> int:
+    """The stride of :func:`strided_sample`: the smallest ``s >= ceil(numel / sample)`` that shares
+    no factor with ``period`` (a tensor's last dimension), so that a strided sample of a matrix
+    visits every column instead of collapsing onto a few (a stride of 512 on a 512-wide weight
+    would take column 0 of every row)."""
+    if sample is None or numel <= sample:
+        return 1
+    stride = -(-numel // sample)
+    while period > 1 and math.gcd(stride, period) != 1:
+        stride += 1
+    return stride
+
+
+def strided_sample(values: torch.Tensor, sample: int | None, period: int = 1) -> torch.Tensor:
+    """At most ``sample`` values of a flat tensor, every :func:`sample_stride`-th one."""
+    stride = sample_stride(values.numel(), sample, period)
+    return values if stride == 1 else values[::stride]
+
+
+def reject_outliers(values: torch.Tensor, fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop the ``fraction`` of finite values farthest from their median.
+
+    Returns ``(kept_mask, rejected_count)``; non-finite values are not kept and not counted as
+    rejected (they have their own counts).
+    """
+    finite = torch.isfinite(values)
+    if fraction <= 0.0 or values.numel() == 0:
+        return finite, torch.zeros((), dtype=torch.int64, device=values.device)
+    finite_values = values[finite]
+    m = finite_values.numel()
+    if m == 0:
+        return finite, torch.zeros((), dtype=torch.int64, device=values.device)
+    median = finite_values.kthvalue((m + 1) // 2).values
+    distance = (values - median).abs()
+    keep = max(1, math.ceil((1.0 - fraction) * m))
+    threshold = (finite_values - median).abs().kthvalue(keep).values
+    kept = finite & (distance <= threshold)
+    return kept, finite.sum() - kept.sum()
+
+
+Ranges = TypeVar("Ranges", torch.Tensor, np.ndarray)
+
+
+def histogram_range(low: Ranges, high: Ranges, dtype: torch.dtype) -> tuple[Ranges, Ranges]:
+    """Per-tensor ranges ``[G]`` in ``dtype``; a point range is widened by 0.5 each side (as numpy
+    does) and a missing one (all-NaN or empty tensor) becomes ``[-0.5, 0.5]``.
+
+    Takes PyTorch tensors (on any device) or numpy arrays (the compiled kernel's path, where a
+    dozen PyTorch ops on 16 values cost more than the step's binning): the same IEEE operations,
+    so the same bits."""
+    xp, cast = _array_ops(low)
+    low, high = cast(low, torch.float64), cast(high, torch.float64)
+    missing = ~(xp.isfinite(low) & xp.isfinite(high))
+    low = xp.where(missing, xp.zeros_like(low), low)
+    high = xp.where(missing, xp.zeros_like(high), high)
+    same = low >= high
+    return cast(xp.where(same, low - 0.5, low), dtype), cast(xp.where(same, high + 0.5, high), dtype)
+
+
+def histogram_scale(low: Ranges, high: Ranges, bins: int) -> Ranges:
+    """``bins / (high - low)`` rounded to the ranges' dtype: the factor :func:`histogram_counts`
+    (and the compiled kernel) multiply by, and :func:`exact_edges` bisects with."""
+    if isinstance(low, torch.Tensor):
+        return (bins / (high.to(torch.float64) - low.to(torch.float64))).to(low.dtype)
+    with np.errstate(divide="ignore", over="ignore"):  # a range that rounds to a point: inf, as in PyTorch
+        return (bins / (high.astype(np.float64) - low.astype(np.float64))).astype(low.dtype)
+
+
+def _array_ops(values: torch.Tensor | np.ndarray) -> tuple[Any, Callable[[Any, torch.dtype], Any]]:
+    """The array module of ``values`` and a cast to a PyTorch dtype in it."""
+    if isinstance(values, np.ndarray):
+        return np, lambda a, dtype: a.astype(str(dtype).removeprefix("torch."), copy=False)
+    return torch, lambda t, dtype: t.to(dtype)
+
+
+def histogram_counts(
+    samples: list[torch.Tensor],
+    low: torch.Tensor,
+    high: torch.Tensor,
+    bins: int,
+    masks: list[torch.Tensor | None] | None = None,
+    clip: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Counts of every sample over its ``[low[g], high[g]]`` in ``bins`` bins, in one ``bincount``.
+
+    A value ``x`` goes to bin ``min(floor((x - low) * scale), bins - 1)`` with
+    ``scale = bins / (high - low)`` rounded to the values' dtype. A subtraction and a
+    multiplication are each correctly rounded on every IEEE kernel, so this is a deterministic,
+    monotone function of ``x``: :func:`exact_edges` finds, on the host, the exact values where it
+    changes bin, and ``np.histogram(values, bins=edges)`` reproduces the counts. (Binning against
+    rounded edges would need a correction pass with two gathers per value.)
+
+    ``masks[g]`` (over sample ``g``) leaves values out. With ``clip`` (a fixed range), values
+    outside ``[low, high]`` are not binned and are counted in ``below``/``above``; otherwise the
+    range is the data's and every finite value lies inside it. NaN and ±Inf are never binned by
+    the caller's contract: a tensor holding them is binned again with a finite mask.
+    Returns ``(counts [G, bins] int64, scale [G], below [G], above [G])``.
+    """
+    groups = len(samples)
+    device, dtype = low.device, low.dtype
+    scale = histogram_scale(low, high, bins)
+    trash = groups * bins  # the bin every value left out goes to (exact in float32 up to 2**24)
+    below = torch.zeros(groups, dtype=torch.int64, device=device)
+    above = torch.zeros(groups, dtype=torch.int64, device=device)
+    # Samples of one length are stacked and binned together: a handful of ops per length instead
+    # of per tensor (most samples have the configured length), and no per-value expansion of
+    # low/scale/offsets (repeat_interleave costs more than the binning itself).
+    by_length: dict[int, list[int]] = {}
+    for g, sample in enumerate(samples):
+        by_length.setdefault(sample.numel(), []).append(g)
+    positions = []
+    for length, members in by_length.items():
+        if length == 0:
+            continue
+        at = torch.tensor(members, device=device)
+        values = torch.stack([samples[g].reshape(-1) for g in members]).to(dtype)  # [k, length]
+        lo, hi, sc = low[at, None], high[at, None], scale[at, None]
+        position = torch.sub(values, lo).mul_(sc)
+        # floor before adding the group's offset: 2.9999999 + 3200 would round up a bin in float32
+        position.nan_to_num_(0.0, float(bins - 1), 0.0).clamp_(0, bins - 1).floor_()
+        position.add_((at * bins).to(dtype)[:, None])
+        keep = None
+        if masks is not None and any(masks[g] is not None for g in members):
+            keep = torch.stack([
+                masks[g].reshape(-1) if masks[g] is not None else torch.ones(length, dtype=torch.bool, device=device)
+                for g in members
+            ])
+        if clip:
+            is_below, is_above = values < lo, values > hi
+            if keep is not None:
+                is_below &= keep
+                is_above &= keep
+            below[at] = is_below.sum(1)
+            above[at] = is_above.sum(1)
+            outside = is_below | is_above
+            keep = ~outside if keep is None else keep & ~outside
+        if keep is not None:
+            position.masked_fill_(~keep, trash)
+        positions.append(position.reshape(-1))
+    index = torch.cat(positions).to(torch.int64) if positions else torch.zeros(0, dtype=torch.int64, device=device)
+    counts = torch.bincount(index, minlength=trash + 1)[:trash].reshape(groups, bins)
+    return counts, scale, below, above
