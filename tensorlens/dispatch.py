@@ -1,7 +1,7 @@
 """The dispatcher: moves finished steps off the training thread and fans them out to backends.
 
-Training thread --(bounded queue)--> dispatcher thread (turns host statistics into a record)
---> one bounded queue and thread per backend. A backend that raises or falls behind is isolated:
+Training thread --(bounded queue)--> dispatcher thread (builds the step's one record)
+--> one bounded queue and thread per backend, all given the same immutable record. A backend that raises or falls behind is isolated:
 one warning naming it, a counter of failed or dropped records, and nothing else is affected. The
 local store is *critical*: it is never dropped, the dispatcher waits for it instead.
 """
@@ -13,9 +13,10 @@ import queue
 import threading
 import warnings
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from tensorlens.backends.base import Backend, RunInfo
-from tensorlens.records import PackedRecord, StepRecord
+from tensorlens.records import StepRecord
 
 _STOP = object()
 
@@ -52,7 +53,7 @@ class _Channel:
             warnings.warn(f"tensorlens: backend {self.label} {message}; training continues, "
                           "other backends are unaffected (this warning is shown once)", stacklevel=2)
 
-    def submit(self, record: StepRecord | PackedRecord) -> None:
+    def submit(self, record: StepRecord) -> None:
         if self.backend.critical:
             self._queue.put(record)
             return
@@ -82,14 +83,14 @@ class _Channel:
                         self._call(self.backend.flush, "flush()")
                     item.set()
                     continue
-                assert isinstance(item, (StepRecord, PackedRecord))
+                assert isinstance(item, StepRecord)
                 if not self._opened:
                     self._opened = True
                     self._open_failed = not self._call(lambda: self.backend.open(self._run), "open()")
                 if self._open_failed:  # every record of a backend that could not open is a failure
                     self.stats.failed += 1
                     continue
-                record = _for_backend(item, self.backend) if isinstance(item, StepRecord) else item
+                record = item.without(histograms=not self.backend.supports_histograms, tensors=not self.backend.supports_tensors)
                 if self._call(lambda record=record: self.backend.write(record), "write()"):
                     self.stats.written += 1
                 else:
@@ -117,26 +118,19 @@ class _Channel:
         self._thread.join(timeout)
 
 
-def _for_backend(record: StepRecord, backend: Backend) -> StepRecord:
-    if (backend.supports_histograms or not record.histograms) and (backend.supports_tensors or not record.tensors):
-        return record
-    return dataclasses.replace(
-        record,
-        histograms=record.histograms if backend.supports_histograms else [],
-        tensors=record.tensors if backend.supports_tensors else [],
-    )
-
-
 class Dispatcher:
     """Turns pending steps into records on a background thread and hands them to every backend.
 
-    ``submit(make_record, make_packed)`` takes zero-argument callables that build the step's
-    :class:`StepRecord` and, optionally, its :class:`PackedRecord`, so the conversion from host
-    arrays also runs off the training thread. Each is built only if some backend takes it: with
-    only the local store (``accepts_packed``), no object per number is ever made.
+    ``submit(item)`` takes a :class:`StepRecord`, or anything ``build`` turns into one (the
+    engine's pending step: its record is built here, off the training thread, once for all
+    backends).
     """
 
-    def __init__(self, backends: Sequence[Backend], run: RunInfo, max_pending: int = 64) -> None:
+    def __init__(
+        self, backends: Sequence[Backend], run: RunInfo, max_pending: int = 64,
+        build: Callable[[Any], StepRecord] | None = None,
+    ) -> None:
+        self._build = build
         self._channels = [_Channel(b, run, max_pending) for b in backends]
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max_pending)
         self._closed = False
@@ -158,12 +152,10 @@ class Dispatcher:
             out[key] = channel.stats
         return out
 
-    def submit(
-        self, make_record: Callable[[], StepRecord], make_packed: Callable[[], PackedRecord] | None = None
-    ) -> None:
+    def submit(self, item: Any) -> None:
         if self._closed:
             return
-        self._queue.put((make_record, make_packed))  # blocks only if records pile up faster than they are built
+        self._queue.put(item)  # blocks only if records pile up faster than they are built
 
     def _loop(self) -> None:
         while True:
@@ -174,13 +166,10 @@ class Dispatcher:
                 if isinstance(item, threading.Event):
                     item.set()
                     continue
-                make_record, make_packed = item  # type: ignore[misc]
                 try:
-                    # each form built once, and only if some backend takes it
-                    packed = [make_packed is not None and c.backend.accepts_packed for c in self._channels]
-                    built = {p: make_packed() if p and make_packed is not None else make_record() for p in set(packed)}
-                    for channel, p in zip(self._channels, packed, strict=True):
-                        channel.submit(built[p])
+                    record = item if isinstance(item, StepRecord) or self._build is None else self._build(item)
+                    for channel in self._channels:
+                        channel.submit(record)
                 except Exception as err:  # a bug of ours must not take training down
                     warnings.warn(f"tensorlens: could not build a record: {type(err).__name__}: {err}", stacklevel=2)
                     continue

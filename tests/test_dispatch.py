@@ -162,7 +162,7 @@ def test_failing_flush_or_close_is_isolated(tmp_path, fail_in) -> None:
 
 def test_a_record_that_cannot_be_built_is_skipped_with_a_warning(tmp_path) -> None:
     recording = Recording()
-    dispatcher = Dispatcher([recording], tl.RunInfo("run", str(tmp_path)))
+    dispatcher = Dispatcher([recording], tl.RunInfo("run", str(tmp_path)), build=lambda make: make())
 
     def broken() -> tl.StepRecord:
         raise ValueError("bad host array")
@@ -211,7 +211,7 @@ def test_a_stalled_backend_drops_records_and_never_blocks_training(tmp_path) -> 
 
 def test_close_gives_up_on_a_backend_that_never_returns(tmp_path) -> None:
     stalled = Stalled()
-    dispatcher = Dispatcher([stalled], tl.RunInfo("run", str(tmp_path)), max_pending=1)
+    dispatcher = Dispatcher([stalled], tl.RunInfo("run", str(tmp_path)), max_pending=1, build=lambda make: make())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for step in range(5):

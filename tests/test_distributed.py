@@ -26,6 +26,7 @@ from torch import nn
 
 import tensorlens as tl
 from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig
+from tensorlens.engine.assemble import host_record
 from tensorlens.stats.histogram import reject_outliers
 
 WORLD = 2
@@ -111,7 +112,8 @@ def _records(mem: tl.MemoryBackend) -> list[dict[str, Any]]:
 
 
 def _host_entries(host: Any) -> dict[str, Any]:
-    scalars, histograms, _, _ = host.entries()
+    _record = host_record(host)
+    scalars, histograms, _ = list(_record.scalars), list(_record.histograms), list(_record.tensors)
     return {
         "scalars": {s.key: s.value for s in scalars},
         "histograms": {

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tensorlens.config import HistogramConfig
+from tensorlens.engine.assemble import host_record
 from tensorlens.engine.jobs import TensorJob
 from tensorlens.engine.step import StepStatistics
 from tensorlens.stats import native
@@ -180,7 +181,8 @@ def test_engine_histograms_match_numpy_with_the_kernel(kernel_on) -> None:
     g = torch.Generator().manual_seed(5)
     tensors = [torch.randn(512, 512, generator=g), torch.randn(64, 32768, generator=g, dtype=torch.float64) * 1e-3]
     host = StepStatistics().compute([TensorJob(f"t/{i}", [t], ("min", "max"), HistogramConfig(bins=64)) for i, t in enumerate(tensors)])
-    _, histograms, _, _ = host.entries()
+    _record = host_record(host)
+    _, histograms, _ = list(_record.scalars), list(_record.histograms), list(_record.tensors)
     for t, h in zip(tensors, histograms, strict=True):
         sample = t.reshape(-1)[:: sample_stride(t.numel(), 4096, t.shape[-1])]
         np.testing.assert_array_equal(h.counts, np.histogram(sample.double().numpy(), bins=h.edges)[0])
@@ -203,7 +205,8 @@ def test_falls_back_to_pytorch_when_disabled_or_unbuildable(monkeypatch, tmp_pat
 
 def _stats(tensor: torch.Tensor):
     host = StepStatistics().compute([TensorJob("t", [tensor], ("mean", "std"))])
-    scalars, histograms, tensors, _ = host.entries()
+    _record = host_record(host)
+    scalars, histograms, tensors = list(_record.scalars), list(_record.histograms), list(_record.tensors)
     return {e.stat: e.value for e in scalars}, histograms, tensors
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tensorlens.config import HistogramConfig
+from tensorlens.engine.assemble import host_record
 from tensorlens.engine.jobs import TensorJob
 from tensorlens.engine.step import StepStatistics
 from tensorlens.stats.histogram import histogram_range, histogram_scale
@@ -67,7 +68,8 @@ def tolerance(stat: str, a: np.ndarray, dtype: torch.dtype) -> tuple[float, floa
 def compute(tensors: list[torch.Tensor], stats=ALL_STATS, histogram: HistogramConfig | None = None):
     engine = StepStatistics()
     host = engine.compute([TensorJob(f"t/{i}", [t], tuple(stats), histogram) for i, t in enumerate(tensors)])
-    scalars, histograms, _, _ = host.entries()
+    _record = host_record(host)
+    scalars, histograms, _ = list(_record.scalars), list(_record.histograms), list(_record.tensors)
     values = {(e.tensor, e.stat): e.value for e in scalars}
     return values, {h.tensor: h for h in histograms}, engine
 

@@ -37,8 +37,6 @@ class Backend:
     - ``main_process_only``: created only on rank 0 of a distributed run.
     - ``critical``: the dispatcher waits for it instead of dropping records when it falls behind
       (the local store is critical; a tracker is not).
-    - ``accepts_packed``: ``write`` also takes a :class:`~tensorlens.records.PackedRecord` (the
-      same step as arrays), which the dispatcher then sends instead of a ``StepRecord``.
     """
 
     name: ClassVar[str] = "backend"
@@ -46,7 +44,6 @@ class Backend:
     supports_tensors: ClassVar[bool] = False
     main_process_only: ClassVar[bool] = True
     critical: ClassVar[bool] = False
-    accepts_packed: ClassVar[bool] = False
 
     def open(self, run: RunInfo) -> None:  # noqa: B027 - optional hook
         """Called once, on the dispatcher's thread, before the first write."""

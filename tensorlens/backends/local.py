@@ -7,7 +7,7 @@ import os
 from typing import ClassVar
 
 from tensorlens.backends.base import Backend, RunInfo
-from tensorlens.records import PackedRecord, StepRecord
+from tensorlens.records import StepRecord
 from tensorlens.store.schema import store_filename
 from tensorlens.store.writer import RunStoreWriter
 
@@ -19,7 +19,6 @@ class LocalBackend(Backend):
     supports_tensors: ClassVar[bool] = True
     main_process_only: ClassVar[bool] = False  # each worker keeps its own file
     critical: ClassVar[bool] = True
-    accepts_packed: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self._writer: RunStoreWriter | None = None
@@ -33,7 +32,7 @@ class LocalBackend(Backend):
     def path(self) -> str | None:
         return self._writer.path if self._writer else None
 
-    def write(self, record: StepRecord | PackedRecord) -> None:
+    def write(self, record: StepRecord) -> None:
         assert self._writer is not None, "LocalBackend.write before open"
         self._writer.write(record)
 

@@ -47,10 +47,11 @@ from tensorlens.collection import (
 )
 from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig, expected
 from tensorlens.dispatch import BackendStats, Dispatcher
+from tensorlens.engine.assemble import PendingStep, build_record
 from tensorlens.engine.jobs import ReducedPiece, ReducePlan, TensorJob, WorkerReducer, reduce_now, reduce_plan
-from tensorlens.engine.step import HostStatistics, StepStatistics, pack_step
+from tensorlens.engine.step import HostStatistics, StepStatistics
 from tensorlens.modes import ModeKeys
-from tensorlens.records import PackedRecord, ScalarEntry, StepRecord
+from tensorlens.records import ScalarEntry
 from tensorlens.stats import native
 from tensorlens.store.schema import safe_run_name
 
@@ -164,7 +165,7 @@ class Hook:
             self.run_name, self.run_dir = broadcast_run(self.run_name, self.run_dir)
         self._backends = self._resolve_backends(backends)
         run = RunInfo(self.run_name, self.run_dir, self.rank, self.world_size, {"include_workers": include_workers})
-        self._dispatcher = Dispatcher(self._backends, run, max_pending=max_pending_steps)
+        self._dispatcher = Dispatcher(self._backends, run, max_pending=max_pending_steps, build=build_record)
 
         self.global_step = 0  # optimizer steps taken (Lightning's global_step)
         self._mode_steps = dict.fromkeys(ModeKeys, 0)
@@ -745,22 +746,9 @@ class Hook:
             return
         if self.world_size > 1 and self.include_workers != "all" and self.rank != 0:
             return  # "reduce": every rank holds the same merged statistics, rank 0 records them
-        step, worker, wall_time = self.global_step, self.worker, time.time()
-
-        def make_record() -> StepRecord:
-            record = StepRecord(step, mode, mode_step, worker, wall_time, scalars=list(host_scalars))
-            for part in parts:
-                scalars, histograms, tensors, shapes = part.entries()
-                record.scalars += scalars
-                record.histograms += histograms
-                record.tensors += tensors
-                record.shapes.update(shapes)
-            return record
-
-        def make_packed() -> PackedRecord:
-            return pack_step(step, mode, mode_step, worker, wall_time, host_scalars, parts)
-
-        self._dispatcher.submit(make_record, make_packed)
+        self._dispatcher.submit(
+            PendingStep(self.global_step, mode, mode_step, self.worker, time.time(), list(host_scalars), parts)
+        )
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -4,30 +4,23 @@ The training thread calls :meth:`StepStatistics.compute` with all the tensors of
 partial row and histogram is computed on the tensors' device without a host sync; then one
 ``.cpu()`` of one concatenated buffer brings everything over. Only a step in which some tensor
 holds NaN or Inf needs a second, smaller pass and copy. Histogram edges are derived exactly on the
-host, off the training thread (:func:`~tensorlens.stats.moments.exact_edges`).
-The host side is turned into records later, on the dispatcher thread: arrays for the local store
-(:func:`pack_step`), entry objects only for a tracker (:meth:`HostStatistics.entries`).
+host, off the training thread (:func:`~tensorlens.stats.edges.exact_edges`), when
+:mod:`tensorlens.engine.assemble` builds the step's one record on the dispatcher thread.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import itertools
 import math
-import time
 import warnings
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from tensorlens.config import HistogramConfig
+from tensorlens.engine.assemble import HostStatistics, _HostHistogram, _JobMeta
 from tensorlens.engine.jobs import ReducedPiece, TensorJob, WorkerReducer, reduce_now, reduce_plan
-from tensorlens.modes import ModeKeys
-from tensorlens.records import HISTOGRAM_INFO, HistogramEntry, PackedRecord, ScalarEntry, TensorEntry, histogram_entry
 from tensorlens.stats import native
-from tensorlens.stats.edges import exact_edges
 from tensorlens.stats.histogram import (
     histogram_counts,
     histogram_range,
@@ -40,173 +33,12 @@ from tensorlens.stats.moments import (
     COL,
     PARTIALS,
     as_values,
-    finalize_rows,
     merge_partials,
     native_partial_rows,
     needed_columns,
     nonfinite_counts,
     partial_rows_and_samples,
 )
-
-
-@dataclasses.dataclass
-class _JobMeta:
-    """What the host needs of a job once the device tensors are gone."""
-
-    name: str
-    stats: tuple[str, ...]
-    histogram: HistogramConfig | None
-    plain_scalar: bool
-    shape: tuple[int, ...] | None
-    period: int  # the last dimension: histogram samples stride across it (see sample_stride)
-    numel: int  # of the whole tensor (a reduced job's values are only its sample)
-
-
-@dataclasses.dataclass
-class _HostHistogram:
-    counts: np.ndarray
-    low: float
-    high: float
-    scale: float
-    dtype: np.dtype
-    data_low: float  # the binned values' own range, reported as min/max
-    data_high: float
-    binned: int
-    rejected: int
-    underflow: int
-    overflow: int
-    sampled: bool
-
-
-@dataclasses.dataclass
-class HostStatistics:
-    """The host copy of one step's statistics; :meth:`entries` turns it into record entries."""
-
-    jobs: list[_JobMeta]
-    rows: np.ndarray  # [N, len(PARTIALS)] float64
-    histograms: dict[int, _HostHistogram]
-    raw: dict[int, np.ndarray]
-
-    def _edges(self) -> dict[int, np.ndarray]:
-        """Exact edges of every histogram, found together per (bins, dtype)."""
-        groups: dict[tuple[int, np.dtype], list[int]] = {}
-        for i, hist in self.histograms.items():
-            groups.setdefault((len(hist.counts), hist.dtype), []).append(i)
-        out = {}
-        for (bins, dtype), members in groups.items():
-            hists = [self.histograms[i] for i in members]
-            edges = exact_edges(
-                np.array([h.low for h in hists]), np.array([h.high for h in hists]), np.array([h.scale for h in hists]),
-                bins, dtype,
-            )
-            out.update(zip(members, edges, strict=True))
-        return out
-
-    def _plain_values(self) -> np.ndarray:
-        """A plain scalar's value: the mean of its calls in the step (NaN without any)."""
-        count, total = self.rows[:, COL["count"]], self.rows[:, COL["sum"]]
-        with np.errstate(all="ignore"):
-            return np.where(count > 0, total / np.where(count > 0, count, 1.0), math.nan)
-
-    def pack(self) -> _PackedPart:
-        """The step's scalars (names and values) and histograms as arrays, in record order (see
-        :func:`pack_step`; :meth:`entries` makes objects of them)."""
-        names, stat_index, job_index = _scalar_layout(tuple((j.name, j.stats, j.plain_scalar) for j in self.jobs))
-        table = finalize_rows(self.rows)
-        matrix = np.stack([table[stat] for stat in _STAT_ORDER] + [self._plain_values()])
-        order = sorted(self.histograms)
-        edges = self._edges()
-        sums, sumsq = table["sum"], self.rows[:, COL["sumsq"]]
-        nan_counts, inf_counts = table["nan_count"], table["inf_count"]
-        info = [
-            (h.data_low, h.data_high, h.binned, sums[i], sumsq[i], nan_counts[i], inf_counts[i], h.rejected,
-             h.underflow, h.overflow, h.sampled)
-            for i, h in ((i, self.histograms[i]) for i in order)
-        ]
-        return _PackedPart(
-            names, matrix[stat_index, job_index],
-            tuple((self.jobs[i].name, len(self.histograms[i].counts)) for i in order),
-            [self.histograms[i].counts for i in order], [edges[i] for i in order], info,
-        )
-
-    def entries(self) -> tuple[list[ScalarEntry], list[HistogramEntry], list[TensorEntry], dict[str, tuple[int, ...]]]:
-        """:meth:`pack` as record entries, for trackers (runs on the dispatcher thread)."""
-        part = self.pack()
-        time.sleep(0)  # hand the GIL to the training thread between the vectorised stage and the objects
-        scalars = [
-            ScalarEntry(tensor, stat or None, value)
-            for (tensor, stat), value in zip(part.scalar_names, part.scalar_values.tolist(), strict=True)
-        ]
-        histograms = [
-            histogram_entry(tensor, counts, edges, info)
-            for (tensor, _), counts, edges, info in zip(part.histogram_names, part.counts, part.edges, part.info, strict=True)
-        ]
-        return scalars, histograms, *self.tensors_and_shapes()
-
-    def tensors_and_shapes(self) -> tuple[list[TensorEntry], dict[str, tuple[int, ...]]]:
-        """The raw tensors saved and the shapes recorded in this step."""
-        tensors = [TensorEntry(self.jobs[i].name, value) for i, value in self.raw.items()]
-        return tensors, {job.name: job.shape for job in self.jobs if job.shape is not None}
-
-
-@dataclasses.dataclass
-class _PackedPart:
-    """One :class:`HostStatistics` as the arrays of a :class:`PackedRecord`."""
-
-    scalar_names: tuple[tuple[str, str], ...]
-    scalar_values: np.ndarray
-    histogram_names: tuple[tuple[str, int], ...]
-    counts: list[np.ndarray]
-    edges: list[np.ndarray]
-    info: list[tuple[float, ...]]
-
-
-@functools.lru_cache(maxsize=16)  # a step's jobs are almost always the previous step's
-def _scalar_layout(jobs: tuple[tuple[str, tuple[str, ...], bool], ...]) -> tuple[tuple[tuple[str, str], ...], np.ndarray, np.ndarray]:
-    """``(names, statistic index, job index)`` of every scalar of jobs ``(name, stats,
-    plain_scalar)``, job by job in its statistics' order; statistic index
-    ``len(_STAT_ORDER)`` is a plain scalar's own value."""
-    names, stat_index, job_index = [], [], []
-    for i, (name, stats, plain) in enumerate(jobs):
-        for stat in ((None,) if plain else stats):
-            names.append((name, stat or ""))
-            stat_index.append(len(_STAT_ORDER) if stat is None else _STAT_ORDER.index(stat))
-            job_index.append(i)
-    return tuple(names), np.array(stat_index, dtype=np.intp), np.array(job_index, dtype=np.intp)
-
-
-_STAT_ORDER = tuple(finalize_rows(np.zeros((1, len(PARTIALS)))))
-
-
-def pack_step(
-    step: int, mode: ModeKeys, mode_step: int, worker: str, wall_time: float,
-    host_scalars: list[ScalarEntry], parts: list[HostStatistics],
-) -> PackedRecord:
-    """The :class:`PackedRecord` of a step (``host_scalars``, then each part's statistics): what
-    :meth:`HostStatistics.entries` turns into objects, without an object per number."""
-    packed = [part.pack() for part in parts]
-    tensors: list[TensorEntry] = []
-    shapes: dict[str, tuple[int, ...]] = {}
-    for part in parts:
-        part_tensors, part_shapes = part.tensors_and_shapes()
-        tensors += part_tensors
-        shapes.update(part_shapes)
-    host_names = tuple((e.tensor, e.stat or "") for e in host_scalars)
-    host_values = np.array([e.value for e in host_scalars], dtype=np.float64)
-    counts = [c for p in packed for c in p.counts]
-    edges = [e for p in packed for e in p.edges]
-    info = [row for p in packed for row in p.info]
-    return PackedRecord(
-        step, mode, mode_step, worker, wall_time,
-        scalar_names=tuple(itertools.chain(host_names, *(p.scalar_names for p in packed))),
-        scalar_values=np.concatenate([host_values, *(p.scalar_values for p in packed)]),
-        histogram_names=tuple(itertools.chain.from_iterable(p.histogram_names for p in packed)),
-        counts=np.concatenate(counts).astype(np.int64, copy=False) if counts else np.zeros(0, dtype=np.int64),
-        edges=np.concatenate(edges).astype(np.float64, copy=False) if edges else np.zeros(0, dtype=np.float64),
-        histogram_info=np.array(info, dtype=np.float64).reshape(len(info), len(HISTOGRAM_INFO)),
-        tensors=tensors,
-        shapes=shapes,
-    )
 
 
 @dataclasses.dataclass

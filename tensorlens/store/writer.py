@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from tensorlens.records import PackedRecord, StepRecord
+from tensorlens.records import StepRecord
 from tensorlens.store.schema import _SCHEMA, SCHEMA_VERSION, connect, encode_array
 
 
@@ -34,8 +34,8 @@ class RunStoreWriter:
             found = int(cursor.lastrowid)
         return found
 
-    def write(self, record: StepRecord | PackedRecord) -> None:
-        packed = record if isinstance(record, PackedRecord) else PackedRecord.from_record(record)
+    def write(self, record: StepRecord) -> None:
+        packed = record
         where = (str(packed.mode), packed.mode_step, packed.worker)
         new_layouts: dict[tuple[str, tuple[object, ...]], int] = {}
         with self._db:  # one transaction: a step is stored whole or not at all

@@ -1,0 +1,184 @@
+"""One record per saved step, built once: the host side of the statistics laid out as the arrays
+of a :class:`~tensorlens.records.StepRecord`, with exact histogram edges and finalized statistics.
+
+The training thread hands a :class:`PendingStep` to the dispatcher; its thread calls
+:func:`build_record` once and sends the same record to every backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import math
+
+import numpy as np
+
+from tensorlens.config import HistogramConfig
+from tensorlens.modes import ModeKeys
+from tensorlens.records import HISTOGRAM_INFO, ScalarEntry, StepRecord, TensorEntry
+from tensorlens.stats.edges import exact_edges
+from tensorlens.stats.moments import COL, PARTIALS, finalize_rows
+
+
+@dataclasses.dataclass
+class _JobMeta:
+    """What the host needs of a job once the device tensors are gone."""
+
+    name: str
+    stats: tuple[str, ...]
+    histogram: HistogramConfig | None
+    plain_scalar: bool
+    shape: tuple[int, ...] | None
+    period: int  # the last dimension: histogram samples stride across it (see sample_stride)
+    numel: int  # of the whole tensor (a reduced job's values are only its sample)
+
+
+@dataclasses.dataclass
+class _HostHistogram:
+    counts: np.ndarray
+    low: float
+    high: float
+    scale: float
+    dtype: np.dtype
+    data_low: float  # the binned values' own range, reported as min/max
+    data_high: float
+    binned: int
+    rejected: int
+    underflow: int
+    overflow: int
+    sampled: bool
+
+
+@dataclasses.dataclass
+class HostStatistics:
+    """The host copy of one step's statistics (:class:`~tensorlens.engine.step.StepStatistics` makes
+    it on the training thread); :meth:`pack` lays it out as a record's arrays."""
+
+    jobs: list[_JobMeta]
+    rows: np.ndarray  # [N, len(PARTIALS)] float64
+    histograms: dict[int, _HostHistogram]
+    raw: dict[int, np.ndarray]
+
+    def _edges(self) -> dict[int, np.ndarray]:
+        """Exact edges of every histogram, found together per (bins, dtype)."""
+        groups: dict[tuple[int, np.dtype], list[int]] = {}
+        for i, hist in self.histograms.items():
+            groups.setdefault((len(hist.counts), hist.dtype), []).append(i)
+        out = {}
+        for (bins, dtype), members in groups.items():
+            hists = [self.histograms[i] for i in members]
+            edges = exact_edges(
+                np.array([h.low for h in hists]), np.array([h.high for h in hists]), np.array([h.scale for h in hists]),
+                bins, dtype,
+            )
+            out.update(zip(members, edges, strict=True))
+        return out
+
+    def _plain_values(self) -> np.ndarray:
+        """A plain scalar's value: the mean of its calls in the step (NaN without any)."""
+        count, total = self.rows[:, COL["count"]], self.rows[:, COL["sum"]]
+        with np.errstate(all="ignore"):
+            return np.where(count > 0, total / np.where(count > 0, count, 1.0), math.nan)
+
+    def pack(self) -> _PackedPart:
+        """The step's scalars (names and values) and histograms as arrays, in record order."""
+        names, stat_index, job_index = _scalar_layout(tuple((j.name, j.stats, j.plain_scalar) for j in self.jobs))
+        table = finalize_rows(self.rows)
+        matrix = np.stack([table[stat] for stat in _STAT_ORDER] + [self._plain_values()])
+        order = sorted(self.histograms)
+        edges = self._edges()
+        sums, sumsq = table["sum"], self.rows[:, COL["sumsq"]]
+        nan_counts, inf_counts = table["nan_count"], table["inf_count"]
+        info = [
+            (h.data_low, h.data_high, h.binned, sums[i], sumsq[i], nan_counts[i], inf_counts[i], h.rejected,
+             h.underflow, h.overflow, h.sampled)
+            for i, h in ((i, self.histograms[i]) for i in order)
+        ]
+        return _PackedPart(
+            names, matrix[stat_index, job_index],
+            tuple((self.jobs[i].name, len(self.histograms[i].counts)) for i in order),
+            [self.histograms[i].counts for i in order], [edges[i] for i in order], info,
+        )
+
+    def tensors_and_shapes(self) -> tuple[list[TensorEntry], dict[str, tuple[int, ...]]]:
+        """The raw tensors saved and the shapes recorded in this step."""
+        tensors = [TensorEntry(self.jobs[i].name, value) for i, value in self.raw.items()]
+        return tensors, {job.name: job.shape for job in self.jobs if job.shape is not None}
+
+
+@dataclasses.dataclass
+class _PackedPart:
+    """One :class:`HostStatistics` as the arrays of a record."""
+
+    scalar_names: tuple[tuple[str, str], ...]
+    scalar_values: np.ndarray
+    histogram_names: tuple[tuple[str, int], ...]
+    counts: list[np.ndarray]
+    edges: list[np.ndarray]
+    info: list[tuple[float, ...]]
+
+
+@functools.lru_cache(maxsize=16)  # a step's jobs are almost always the previous step's
+def _scalar_layout(jobs: tuple[tuple[str, tuple[str, ...], bool], ...]) -> tuple[tuple[tuple[str, str], ...], np.ndarray, np.ndarray]:
+    """``(names, statistic index, job index)`` of every scalar of jobs ``(name, stats,
+    plain_scalar)``, job by job in its statistics' order; statistic index
+    ``len(_STAT_ORDER)`` is a plain scalar's own value."""
+    names, stat_index, job_index = [], [], []
+    for i, (name, stats, plain) in enumerate(jobs):
+        for stat in ((None,) if plain else stats):
+            names.append((name, stat or ""))
+            stat_index.append(len(_STAT_ORDER) if stat is None else _STAT_ORDER.index(stat))
+            job_index.append(i)
+    return tuple(names), np.array(stat_index, dtype=np.intp), np.array(job_index, dtype=np.intp)
+
+
+_STAT_ORDER = tuple(finalize_rows(np.zeros((1, len(PARTIALS)))))
+
+
+@dataclasses.dataclass
+class PendingStep:
+    """A saved step as the training thread hands it over: its identity, the numbers known on the
+    host already (optimizer settings) and the host statistics of its tensors, in parts (read
+    before the optimizer step, and the updates after it)."""
+
+    step: int
+    mode: ModeKeys
+    mode_step: int
+    worker: str
+    wall_time: float
+    host_scalars: list[ScalarEntry]
+    parts: list[HostStatistics]
+
+
+def build_record(pending: PendingStep) -> StepRecord:
+    """The :class:`~tensorlens.records.StepRecord` of a step, built once (on the dispatcher
+    thread) and shared by every backend: ``host_scalars``, then each part's statistics."""
+    packed = [part.pack() for part in pending.parts]
+    tensors: list[TensorEntry] = []
+    shapes: dict[str, tuple[int, ...]] = {}
+    for part in pending.parts:
+        part_tensors, part_shapes = part.tensors_and_shapes()
+        tensors += part_tensors
+        shapes.update(part_shapes)
+    host_names = tuple((e.tensor, e.stat or "") for e in pending.host_scalars)
+    host_values = np.array([e.value for e in pending.host_scalars], dtype=np.float64)
+    counts = [c for p in packed for c in p.counts]
+    edges = [e for p in packed for e in p.edges]
+    info = [row for p in packed for row in p.info]
+    return StepRecord.from_arrays(
+        pending.step, pending.mode, pending.mode_step, pending.worker, pending.wall_time,
+        scalar_names=tuple(itertools.chain(host_names, *(p.scalar_names for p in packed))),
+        scalar_values=np.concatenate([host_values, *(p.scalar_values for p in packed)]),
+        histogram_names=tuple(itertools.chain.from_iterable(p.histogram_names for p in packed)),
+        counts=np.concatenate(counts).astype(np.int64, copy=False) if counts else np.zeros(0, dtype=np.int64),
+        edges=np.concatenate(edges).astype(np.float64, copy=False) if edges else np.zeros(0, dtype=np.float64),
+        histogram_info=np.array(info, dtype=np.float64).reshape(len(info), len(HISTOGRAM_INFO)),
+        tensors=tensors,
+        shapes=shapes,
+    )
+
+
+def host_record(host: HostStatistics, step: int = 0, mode: ModeKeys = ModeKeys.TRAIN) -> StepRecord:
+    """The record of one :class:`HostStatistics` alone (tests, benchmarks, tools)."""
+    return build_record(PendingStep(step, mode, step, "worker_0", 0.0, [], [host]))
