@@ -213,3 +213,31 @@ def test_one_record_per_step_reaches_every_backend_and_entries_store_the_same_by
     packed, reference = rows(tmp_path / "packed" / "tensorlens.sqlite"), rows(tmp_path / "records" / "tensorlens.sqlite")
     assert len(reference["scalars"]) == 4 and len(reference["histograms"]) == 4 and reference["shapes"]
     assert packed == reference
+
+
+def test_records_read_back_equal_the_records_every_backend_received(tmp_path) -> None:
+    # Run.records() yields the type live backends get: rules, reports and sync take one input
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 2))
+    memory = tl.MemoryBackend()
+    hook = tl.Hook(out_dir=tmp_path, backends=["local", memory], include_collections=["all"],
+                   reduction_config=tl.ReductionConfig(save_raw_tensor=True, save_shape=True),
+                   save_config=tl.SaveConfig(save_interval=2))
+    hook.register_module(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(5):
+        loss = model(torch.randn(3, 4)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    model(torch.randn(2, 4))
+    hook.close()
+    run = tl.open_run(str(tmp_path))
+    stored = list(run.records())
+    order = [(r.step, list(tl.ModeKeys).index(r.mode), r.mode_step) for r in stored]
+    assert order == sorted(order) and len(stored) == len(memory.records)
+    live = sorted(memory.records, key=lambda r: (r.step, list(tl.ModeKeys).index(r.mode), r.mode_step))
+    assert all(a == b for a, b in zip(live, stored, strict=True))
+    assert [r.mode for r in run.records(mode="eval")] == [tl.ModeKeys.EVAL]
+    assert [r.step for r in run.records(mode="train", start_step=1, end_step=4)] == [2]

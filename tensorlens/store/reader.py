@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tensorlens.modes import ModeKeys
+from tensorlens.records import StepRecord, TensorEntry
 from tensorlens.store.schema import (
     HISTOGRAM_INFO,
     SCHEMA_VERSION,
@@ -44,6 +45,7 @@ class _Layout:
     """The names of one packed row (see :mod:`tensorlens.store.schema`): which value is which."""
 
     kind: str  # "scalars" or "histograms"
+    names: tuple[tuple[str, Any], ...]  # (tensor, stat) or (tensor, bins), as stored
     tensors: frozenset[str]
     scalar_index: dict[tuple[str, str], int]  # (tensor, stat) -> position (the last one if repeated)
     histogram_index: dict[str, tuple[int, int, int, int]]  # tensor -> (row, bins, counts offset, edges offset)
@@ -51,14 +53,16 @@ class _Layout:
     @classmethod
     def parse(cls, kind: str, names: list[list[Any]]) -> _Layout:
         if kind == "scalars":
-            index = {(tensor, stat): i for i, (tensor, stat) in enumerate(names)}
-            return cls(kind, frozenset(t for t, _ in names), index, {})
+            pairs = tuple((str(tensor), str(stat)) for tensor, stat in names)
+            index = {pair: i for i, pair in enumerate(pairs)}
+            return cls(kind, pairs, frozenset(t for t, _ in pairs), index, {})
         hist_index, counts_at, edges_at = {}, 0, 0
-        for row, (tensor, bins) in enumerate(names):
+        pairs = tuple((str(tensor), int(bins)) for tensor, bins in names)
+        for row, (tensor, bins) in enumerate(pairs):
             hist_index[tensor] = (row, bins, counts_at, edges_at)
             counts_at += bins
             edges_at += bins + 1
-        return cls(kind, frozenset(hist_index), {}, hist_index)
+        return cls(kind, pairs, frozenset(hist_index), {}, hist_index)
 
 
 class Run:
@@ -182,6 +186,78 @@ class Run:
             for (tensor, stat), i in self._layout(k, layout_id).scalar_index.items():
                 out[f"{tensor}/{stat}" if stat else tensor] = values[i]
         return out
+
+    def records(
+        self,
+        mode: ModeKeys | str | None = None,
+        start_step: int | None = None,
+        end_step: int | None = None,
+        worker: str | None = None,
+    ) -> Iterator[StepRecord]:
+        """Every stored step as a :class:`~tensorlens.records.StepRecord`, the type live backends
+        receive, in order of (step, mode, mode step, worker).
+
+        ``mode=None`` yields the records of every mode; ``start_step`` (inclusive) and ``end_step``
+        (exclusive) bound the global step. Reads step by step, so a long run never sits in memory.
+
+        >>> for record in run.records(mode="train", start_step=100):   # doctest: +SKIP
+        ...     record.scalar("gradients/fc1.weight", "l2")
+        """
+        clauses, args = [], []
+        if mode is not None:
+            clauses.append("mode = ?")
+            args.append(str(ModeKeys.coerce(mode)))
+        if start_step is not None:
+            clauses.append("step >= ?")
+            args.append(int(start_step))
+        if end_step is not None:
+            clauses.append("step < ?")
+            args.append(int(end_step))
+        if worker is not None:
+            clauses.append("worker = ?")
+            args.append(worker)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        keys = sorted(
+            (step, list(ModeKeys).index(ModeKeys(m)), mode_step, w, k, wall_time)
+            for k, (m, mode_step, w, step, wall_time) in self._rows(
+                f"SELECT mode, mode_step, worker, step, wall_time FROM steps {where}", tuple(args)
+            )
+        )
+        stored_shapes = self._stored_shapes()
+        for step, mode_index, mode_step, w, k, wall_time in keys:
+            yield self._record(k, list(ModeKeys)[mode_index], mode_step, w, step, wall_time, stored_shapes)
+
+    def _record(
+        self, k: int, mode: ModeKeys, mode_step: int, worker: str, step: int, wall_time: float,
+        stored_shapes: dict[str, tuple[int, ...]],
+    ) -> StepRecord:
+        db, key = self._dbs[k], (str(mode), mode_step, worker)
+        where = "WHERE mode = ? AND mode_step = ? AND worker = ?"
+        arrays: dict[str, Any] = {}
+        found = db.execute(f"SELECT layout, data FROM scalars {where}", key).fetchone()
+        if found is not None:
+            layout = self._layout(k, found[0])
+            arrays["scalar_names"] = layout.names
+            arrays["scalar_values"] = decode_f8(found[1])
+        found = db.execute(f"SELECT layout, counts, edges, info FROM histograms {where}", key).fetchone()
+        if found is not None:
+            layout = self._layout(k, found[0])
+            arrays["histogram_names"] = layout.names
+            arrays["counts"] = np.frombuffer(found[1], dtype="<i8").astype(np.int64)
+            arrays["edges"] = decode_f8(found[2])
+            arrays["histogram_info"] = decode_f8(found[3])
+        tensors = [
+            TensorEntry(name, decode_array(data))
+            for name, data in db.execute(f"SELECT tensor, data FROM tensors {where} ORDER BY rowid", key)
+        ]
+        record = StepRecord.from_arrays(step, mode, mode_step, worker, wall_time, tensors=tensors, **arrays)
+        shapes = {name: stored_shapes[name] for name in record.tensor_names() if name in stored_shapes}
+        if not shapes:
+            return record
+        return StepRecord.from_arrays(step, mode, mode_step, worker, wall_time, tensors=tensors, shapes=shapes, **arrays)
+
+    def _stored_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: tuple(json.loads(shape)) for name, shape in self._query("SELECT tensor, shape FROM shapes")}
 
 
 #: Rows of ``table`` (as ``t``) for the steps (``st``) selected by :func:`_where`. The data tables
