@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import re
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -166,6 +167,10 @@ class Hook(Recorder):
         if compiling() or id(module) not in self._hooked_roots or in_backward():
             return
         self._forward_depth = max(0, self._forward_depth - 1)
+        if self._forward_depth == 0 and sys.exc_info()[1] is not None:
+            # always_call: the forward raised (we run inside its exception handler); the loop
+            # will skip this batch, so what it captured must not join the next one's
+            self.abandon_step()
 
     def _optimizer_pre_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self.closed:

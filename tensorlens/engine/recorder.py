@@ -145,6 +145,7 @@ class Recorder:
         self._sources: list[TensorSource] = []
         self._attached = False
         self._pending = PendingCaptures()
+        self._mark: tuple[dict[object, int], ...] | None = None  # pending at the last begin_step
         self._pre_step: tuple[HostStatistics, list[ScalarEntry]] | None = None
         self._update_snapshot: list[tuple[str, torch.Tensor, torch.Tensor]] = []
         self._engine = StepStatistics()
@@ -390,6 +391,7 @@ class Recorder:
         if self._open_eval is not None:
             self._close_eval_step()  # the next step begins: the previous eval step is complete
         self._mode = mode
+        self._mark = self._pending.mark()
         if mode in (ModeKeys.EVAL, ModeKeys.PREDICT):
             self._open_eval = mode
         module_collections = self.planner.with_kinds(self._saving(mode), MODULE_KINDS)
@@ -397,6 +399,13 @@ class Recorder:
             for source in self._sources:
                 source.attach(module_collections)
             self._attached = True
+
+    def abandon_step(self) -> None:
+        """Forget what was captured since the last :meth:`begin_step`: its forward raised and the
+        loop skips the batch (the out-of-memory pattern); earlier micro-batches are kept."""
+        if self._mark is not None:
+            self._pending.rollback(self._mark)
+            self._mark = None
 
     @guarded
     def end_step(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sqlite3
 import struct
 from collections.abc import Iterator
@@ -318,15 +319,38 @@ class TensorView:
     def reduction_value(
         self, step: int, name: str, abs: bool = False, mode: ModeKeys | str | None = None, worker: str | None = None
     ) -> float:
-        """One statistic at one step. ``abs=True`` reads ``abs_<name>``. With ``mode``, ``step`` is the mode step."""
+        """One statistic at one step. ``abs=True`` reads ``abs_<name>``. With ``mode``, ``step`` is the mode step.
+
+        A plain scalar (a loss, ``save_scalar``) answers ``mean``, ``min``, ``max``, ``sum``,
+        ``median`` and ``prod`` with its value (the statistics of one number), and the norms and
+        ``abs_*`` with ``|value|``.
+        """
         stat = f"abs_{name}" if abs and not name.startswith("abs_") else name
         where, args = _where(step, mode, worker)
         query = f"SELECT t.layout, t.data {_JOIN.format(table='scalars')} WHERE {where}"
+        plain = None
         for k, (layout_id, data) in self.run._rows(query, args):
-            position = self.run._layout(k, layout_id).scalar_index.get((self.name, stat))
+            index = self.run._layout(k, layout_id).scalar_index
+            position = index.get((self.name, stat))
             if position is not None:
                 return _scalar(data, position)
-        raise TensorNotFound(f"no {stat!r} of {self.name!r} at step {step}; recorded: {self.reduction_names()}")
+            if plain is None and (self.name, "") in index:
+                plain = _scalar(data, index[(self.name, "")])
+        base = stat.removeprefix("abs_")
+        if plain is not None and (base in _OF_ONE_NUMBER or base in _NORMS_OF_ONE_NUMBER):
+            return math.fabs(plain) if stat.startswith("abs_") or base in _NORMS_OF_ONE_NUMBER else plain  # `abs` is an argument
+        raise TensorNotFound(self._missing(stat, step, mode))
+
+    def _missing(self, stat: str, step: int, mode: ModeKeys | str | None) -> str:
+        saved = self.steps(mode)
+        shown = saved if len(saved) <= 12 else [*saved[:5], "...", *saved[-5:]]
+        where = "at step" if mode is None else f"at {ModeKeys.coerce(mode)} step"
+        if step not in saved:
+            return f"{self.name!r} has no record {where} {step}; saved steps: {shown}"
+        names = self.reduction_names()
+        if not names:
+            return f"{self.name!r} is a plain value, not statistics: read it with .value(step) / .values()"
+        return f"no {stat!r} of {self.name!r} {where} {step}; its statistics: {names}"
 
     def reduction_values(self, name: str, abs: bool = False, mode: ModeKeys | str | None = None, worker: str | None = None) -> dict[int, float]:
         """``{step: value}`` of one statistic over the whole run."""
@@ -346,7 +370,14 @@ class TensorView:
         return self.reduction_value(step, "", mode=mode, worker=worker)
 
     def values(self, mode: ModeKeys | str | None = None, worker: str | None = None) -> dict[int, float]:
-        return self.reduction_values("", mode=mode, worker=worker)
+        """``{step: value}`` of a plain scalar (a loss, ``save_scalar``, ``summarize_scalar``)."""
+        found = self.reduction_values("", mode=mode, worker=worker)
+        if not found and self.reduction_names():
+            raise TensorNotFound(
+                f"{self.name!r} holds statistics, not a plain value: read one with "
+                f".reduction_values(name) for a name in {self.reduction_names()}"
+            )
+        return found
 
     def histogram(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(counts, edges)`` at one step."""
@@ -367,6 +398,11 @@ class TensorView:
                     histogram_info(np.frombuffer(info, dtype="<f8", count=width, offset=8 * width * row)),
                 )
         raise TensorNotFound(f"no histogram of {self.name!r} at step {step}")
+
+
+#: Statistics a plain scalar answers with its own value (the statistics of one number).
+_OF_ONE_NUMBER = frozenset({"mean", "min", "max", "sum", "median", "prod"})
+_NORMS_OF_ONE_NUMBER = frozenset({"l1", "l2", "linf"})
 
 
 def open_run(path: str) -> Run:

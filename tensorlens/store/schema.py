@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import os
+import pathlib
 import re
 import sqlite3
 
@@ -86,7 +87,9 @@ def decode_f8(blob: bytes) -> np.ndarray:
 
 def connect(path: str, readonly: bool = False) -> sqlite3.Connection:
     if readonly:
-        connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30, check_same_thread=False)
+        # a URI: '%', '?' and '#' in the path (escaped run names) must be percent-encoded
+        uri = pathlib.Path(os.path.abspath(path)).as_uri() + "?mode=ro"
+        connection = sqlite3.connect(uri, uri=True, timeout=30, check_same_thread=False)
     else:
         connection = sqlite3.connect(path, timeout=30, check_same_thread=False)
         connection.execute("PRAGMA journal_mode=WAL")
