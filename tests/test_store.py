@@ -98,7 +98,7 @@ def test_default_run_folder_and_reader_errors(tmp_path, monkeypatch) -> None:
     run = tl.open_run(hook.run_dir)
     with pytest.raises(KeyError, match="no tensor"):
         run.tensor("gradients/nope")
-    with pytest.raises(KeyError, match="recorded:"):
+    with pytest.raises(KeyError, match="its statistics:"):
         run.tensor("gradients/weight").reduction_value(step=0, name="median")
     with pytest.raises(FileNotFoundError):
         tl.open_run(str(tmp_path))
