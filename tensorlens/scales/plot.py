@@ -73,14 +73,15 @@ def _matplotlib() -> Any:
     return matplotlib, Figure
 
 
-def _log2(value: float | None) -> float:
-    if value is None or math.isnan(value):
+def _log2(value: float) -> float:
+    if math.isnan(value) or math.isinf(value):
         return math.nan
     return -math.inf if value == 0 else math.log2(value)
 
 
-def _rows(graph: fx.Graph) -> list[tuple[str, bool, list[float]]]:
-    """``(name, is parameter, [fwd abs_max, fwd mean_abs, bwd abs_max, bwd mean_abs] in log2)`` per node."""
+def _rows(graph: fx.Graph) -> list[tuple[str, bool, list[float | None]]]:
+    """``(name, is parameter, [fwd abs_max, fwd mean_abs, bwd abs_max, bwd mean_abs] in log2)`` per node;
+    ``None`` where no gradient reached the node, ``-inf`` for zero, NaN for NaN or inf in the data."""
     rows = []
     for node in graph.nodes:
         metrics = node.meta.get("metrics")
@@ -88,7 +89,7 @@ def _rows(graph: fx.Graph) -> list[tuple[str, bool, list[float]]]:
             continue
         values = [_log2(metrics.fwd.abs_max), _log2(metrics.fwd.mean_abs)]
         bwd = metrics.bwd
-        values += [_log2(bwd.abs_max), _log2(bwd.mean_abs)] if bwd is not None else [math.nan, math.nan]
+        values += [_log2(bwd.abs_max), _log2(bwd.mean_abs)] if bwd is not None else [None, None]
         rows.append((str(node.meta.get("clean_name", node.name)), bool(node.meta.get("requires_grad")), values))
     return rows
 
@@ -117,7 +118,7 @@ def plot_scales(
     if not rows:
         raise ValueError("The graph has no node with metrics: run a forward (and backward) of the tracked model first")
 
-    finite = [v for _, _, values in rows for v in values if math.isfinite(v)]
+    finite = [v for _, _, values in rows for v in values if v is not None and math.isfinite(v)]
     low, high = (min(finite), max(finite)) if finite else (-16.0, 16.0)
     lines = [(i, key, math.log2(getattr(r, key))) for i, r in enumerate(ranges) for key in _LINESTYLES]
     # the axis covers the data and every format line within 24 octaves of it: bf16's 2**-133 would
@@ -153,15 +154,17 @@ def plot_scales(
                            linestyle=style, linewidth=1.1, zorder=1)
         for y, (_, is_param, values) in enumerate(rows):
             top, mean = values[offset], values[offset + 1]
+            if top is None or mean is None:
+                continue  # no gradient reached this node
             if math.isfinite(top) and math.isfinite(mean):
                 ax.plot([mean, top], [y, y], color="#9AA7B8", linewidth=1.0, zorder=2)
             for value, key, marker in ((top, "abs_max", "^" if not is_param else "s"),
                                        (mean, "mean_abs", "o" if not is_param else "D")):
                 if math.isfinite(value):
                     ax.plot(value, y, marker=marker, color=colors[key], markersize=4.2, linestyle="none", zorder=3)
-                elif value == -math.inf:
+                elif value == -math.inf:  # zero: at the left edge
                     ax.plot(zero_x, y, marker="x", color="#555555", markersize=4.5, linestyle="none", zorder=3)
-                elif not (math.isnan(value) and math.isnan(values[offset])):  # NaN or inf in the data
+                else:  # NaN or inf in the data: at the right edge
                     ax.plot(bad_x, y, marker="X", color="#C00000", markersize=5, linestyle="none", zorder=3)
         ax.set_xlim(x_low, x_high)
         ax.xaxis.set_major_locator(matplotlib.ticker.MultipleLocator(_tick_step(x_high - x_low)))

@@ -24,8 +24,11 @@ _NOT_A_SCALES_GRAPH = (
 
 
 def _float_inputs(node: fx.Node) -> list[fx.Node]:
-    """The node's inputs (in args and kwargs) that output a floating-point tensor."""
-    return [a for a in node.all_input_nodes if a.meta.get("outputs_float_tensor", False)]
+    """The node's arguments (in args and kwargs, each occurrence: ``x * x`` has two) that output a
+    floating-point tensor."""
+    found: list[fx.Node] = []
+    map_arg((node.args, node.kwargs), lambda a: found.append(a) if a.meta.get("outputs_float_tensor", False) else None)
+    return found
 
 
 def _check(graph: fx.Graph) -> None:

@@ -250,7 +250,9 @@ class OpRecorder:
         ``forward``'s signature, default ``root.forward``)."""
         if root is not None:
             self._stack.append((id(root), self._paths.get(id(root), "")))
-        forward = forward if forward is not None else getattr(root, "forward", None)
+        if forward is None and root is not None:
+            inner = getattr(root, "_orig_mod", None)  # torch.compile's wrapper forwards *args, **kwargs
+            forward = (inner if isinstance(inner, nn.Module) else root).forward
         for name, tensor in input_names(forward, args, kwargs or {}) if forward is not None else []:
             if tensor in self._producer:
                 continue

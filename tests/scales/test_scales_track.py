@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from scale_models import (
     METRICS,
-    BranchNet,
     Block,
+    BranchNet,
     ConvNet,
     FunctionalMLP,
     InPlaceNet,
