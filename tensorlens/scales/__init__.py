@@ -2,7 +2,7 @@
 ``torch.fx.Graph`` with unit_scaling's ``track_scales`` contract; pruning; the log2 plot against
 low-precision formats; and ``ScaleCapture``, which records scales at the saved steps of a run."""
 
-from tensorlens.scales.capture import ScaleCapture
+from tensorlens.scales.capture import ScaleCapture, ScaleStep
 from tensorlens.scales.metrics import Metrics
 from tensorlens.scales.plot import FormatRange, plot_scales, render_scales_png
 from tensorlens.scales.prune import prune_non_float_tensors, prune_same_scale_tensors, prune_selected_nodes
@@ -13,6 +13,7 @@ __all__ = [
     "FormatRange",
     "Metrics",
     "ScaleCapture",
+    "ScaleStep",
     "ScaleTrackedModule",
     "paused",
     "plot_scales",

@@ -11,9 +11,10 @@ plain model. One saved step:
     metrics = capture.collect()                     # step boundary (optimizer step pre-hook)
 
 ``collect()`` returns ``{"scales/fwd/<node>": {"mean_abs": t, ...}, "scales/bwd/<node>": {...}}``
-with 0-d float64 tensors on the model's device (views of one table; no host sync). Several
-forwards in one step (gradient accumulation) merge exactly per node name. ``graph()`` gives the
-last collected step as an FX graph with ``Metrics`` (one host copy) for :func:`plot_scales`.
+with 0-d float64 tensors on the model's device (views of one table; no host sync).
+``collect_step()`` returns the step as a :class:`ScaleStep`: the keys, that ``[N, 6]`` table, the
+mergeable partials it came from (for merging ranks) and ``graph()`` for :func:`plot_scales`.
+Several forwards in one step (gradient accumulation) merge exactly per node name.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class ScaleCapture:
         self._armed: Any = None  # the set_stance context arm() entered
         self._started_stance: Any = None  # the one start() entered when not armed
         self._warned: set[str] = set()
-        self._last: tuple[list[TraceNode], Any, dict[str, tuple[int, int]], list[torch.Tensor]] | None = None
+        self._last: ScaleStep | None = None
 
     # ------------------------------------------------------------------ driving
 
@@ -142,7 +143,19 @@ class ScaleCapture:
     def collect(self) -> dict[str, dict[str, torch.Tensor]]:
         """The step's metrics, keyed ``scales/fwd/<node>`` and ``scales/bwd/<node>``, each
         ``{metric: 0-d float64 tensor on the device}``; then forget the step (hooks removed,
-        compiled code compiled again). Call after the step's backward."""
+        compiled code compiled again). Call after the step's backward. Same as
+        ``collect_step().metrics()``."""
+        return self.collect_step().metrics()
+
+    def collect_table(self) -> tuple[list[str], torch.Tensor]:
+        """The step's ``keys`` and one ``[len(keys), 6]`` float64 table on the model's device,
+        columns in ``METRIC_NAMES`` order. Same as ``collect_step()``'s ``keys`` and ``table``."""
+        step = self.collect_step()
+        return step.keys, step.table
+
+    def collect_step(self) -> ScaleStep:
+        """End the step: stop recording, remove the tensor hooks, restore compiled execution, merge
+        the step's forwards per node name, and return it as a :class:`ScaleStep`."""
         if self._active is not None:  # no forward hook came (close(), or a driver that skipped stop)
             self._stop(None, check=False)
         if self._armed is not None:
@@ -160,41 +173,30 @@ class ScaleCapture:
                 for i, partials in enumerate((node.fwd, node.bwd)):
                     if partials is not None:
                         slot[i] = partials if slot[i] is None else merge_partials(slot[i], partials)
-        tables: list[torch.Tensor] = []
-        rows: dict[str, tuple[int, int]] = {}
-        by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
+        keys: list[str] = []
+        columns: list[torch.Tensor] = []
         for name, (fwd, bwd) in merged.items():
             for direction, partials in (("fwd", fwd), ("bwd", bwd)):
                 if partials is not None:
-                    by_device.setdefault(partials[1].device, []).append((f"scales/{direction}/{name}", partials[1]))
-        out: dict[str, dict[str, torch.Tensor]] = {}
-        for entries in by_device.values():
-            table = finalize(torch.stack([p for _, p in entries]))
-            for i, (key, _) in enumerate(entries):
-                out[key] = {metric: table[i, j] for j, metric in enumerate(METRIC_NAMES)}
-                rows[key] = (len(tables), i)
-            tables.append(table)
+                    keys.append(f"scales/{direction}/{name}")
+                    columns.append(partials[1])
+        if columns:
+            # a model split over devices: one table on the first one (a device copy, no host sync)
+            device = columns[0].device
+            partials_table = torch.stack([c.to(device, non_blocking=True) for c in columns])
+        else:
+            partials_table = torch.empty(0, len(METRIC_NAMES), dtype=torch.float64)
+        nodes, output = (recorders[0].nodes, recorders[0].output) if recorders else ([], None)
+        step = ScaleStep(keys, partials_table, nodes, output)
         if recorders:
-            self._last = (recorders[0].nodes, recorders[0].output, rows, tables)
-        return out
+            self._last = step
+        return step
 
     def graph(self) -> fx.Graph:
-        """The last collected step as a scales graph (the first forward's nodes, the step's merged
-        metrics), for :func:`plot_scales`. One host copy."""
+        """The last collected step as a scales graph (``collect_step().graph()``; one host copy)."""
         if self._last is None:
             raise RuntimeError("ScaleCapture.graph(): no step collected yet (start, stop, backward, collect)")
-        nodes, output, rows, tables = self._last
-        host = [t.cpu().tolist() for t in tables]
-
-        def data(key: str) -> Metrics.Data | None:
-            where = rows.get(key)
-            return data_from_row(host[where[0]][where[1]]) if where is not None else None
-
-        metrics: list[Metrics | None] = []
-        for node in nodes:
-            fwd = data(f"scales/fwd/{node.name}") if node.is_float else None
-            metrics.append(Metrics(fwd, data(f"scales/bwd/{node.name}")) if fwd is not None else None)
-        return build_graph(nodes, output, metrics)
+        return self._last.graph()
 
     def close(self) -> None:
         """Stop any recording and drop the step without collecting it."""
@@ -204,6 +206,46 @@ class ScaleCapture:
         if key not in self._warned:
             self._warned.add(key)
             warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+class ScaleStep:
+    """One collected step: ``keys`` (``scales/fwd/<node>``, ``scales/bwd/<node>``), the mergeable
+    ``partials`` (``[N, 6]`` float64 on the device: count, sum, M2, sum|x|, max|x|, min|x|) and
+    the metrics ``table`` computed from them (``[N, 6]``, columns ``METRIC_NAMES``).
+
+    Immutable once collected, so :meth:`graph` can be built on another thread (the dispatcher's)
+    from the host copy the engine already made of ``table``.
+    """
+
+    def __init__(self, keys: list[str], partials: torch.Tensor, nodes: list[TraceNode], output: Any) -> None:
+        self.keys = keys
+        self.partials = partials
+        self.table = finalize(partials) if len(keys) else partials.clone()
+        self._nodes = nodes
+        self._output = output
+
+    def metrics(self) -> dict[str, dict[str, torch.Tensor]]:
+        """``{key: {metric: 0-d float64 tensor}}``, views of ``table`` (no copy, no host sync)."""
+        return {key: {m: self.table[i, j] for j, m in enumerate(METRIC_NAMES)} for i, key in enumerate(self.keys)}
+
+    def graph(self, host_table: Any = None) -> fx.Graph:
+        """The step's first forward as a scales graph with the step's merged metrics, for
+        :func:`plot_scales`. ``host_table``: a host copy of ``table`` (a tensor or nested lists)
+        already made; without it, ``table`` is copied here (a host sync)."""
+        if host_table is None:
+            host_table = self.table.cpu()
+        rows = host_table.tolist() if isinstance(host_table, torch.Tensor) else host_table
+        where = {key: i for i, key in enumerate(self.keys)}
+
+        def data(key: str) -> Metrics.Data | None:
+            row = where.get(key)
+            return data_from_row(rows[row]) if row is not None else None
+
+        metrics: list[Metrics | None] = []
+        for node in self._nodes:
+            fwd = data(f"scales/fwd/{node.name}") if node.is_float else None
+            metrics.append(Metrics(fwd, data(f"scales/bwd/{node.name}")) if fwd is not None else None)
+        return build_graph(self._nodes, self._output, metrics)
 
 
 def _force_eager(caller: str) -> Any:

@@ -99,11 +99,11 @@ def tensor_partials(t: torch.Tensor) -> tuple[int, torch.Tensor]:
         if n == 0:
             values = (0.0, 0.0, 0.0, 0.0, -math.inf, math.inf)
             return 0, torch.stack([torch.full((), v, dtype=torch.float64, device=x.device) for v in values])
-        x = x.to(torch.float64)
+        wide = x.to(torch.float64)
         # the sum on its own: Welford's running mean turns one inf into NaN, where Tensor.mean gives inf
-        total = x.sum()
-        var = torch.var(x, correction=0)
-        absolute = x.abs()
+        total = wide.sum()
+        var = torch.var(wide, correction=0)
+        absolute = wide.abs_() if wide is not x else wide.abs()  # in place on our own copy: one allocation less
         low, high = torch.aminmax(absolute)
         return n, torch.stack([torch.full_like(total, n), total, var * n, absolute.sum(), high, low])
 
@@ -129,6 +129,31 @@ def merge_partials(a: tuple[int, torch.Tensor], b: tuple[int, torch.Tensor]) -> 
         ]
     )
     return n, merged
+
+
+def merge_partial_tables(tables: torch.Tensor) -> torch.Tensor:
+    """Merge ``[k, N, 6]`` partials (the same N keys from k ranks or micro-batches) into ``[N, 6]``.
+
+    For ``include_workers="reduce"``: all-gather each rank's ``ScaleStep.partials`` (after the
+    ranks agreed on one key order), merge here, then :func:`finalize`. On the device, no host sync.
+    """
+    n_k = tables[..., COUNT]
+    n = n_k.sum(0)
+    total = tables[..., SUM].sum(0)
+    present = n_k > 0
+    mean_k = tables[..., SUM] / torch.where(present, n_k, torch.ones_like(n_k))
+    spread = torch.where(present, n_k * (mean_k - total / n) ** 2, torch.zeros_like(n_k))
+    return torch.stack(
+        [
+            n,
+            total,
+            (tables[..., M2] + spread).sum(0),
+            tables[..., SUM_ABS].sum(0),
+            tables[..., MAX_ABS].amax(0),
+            tables[..., MIN_ABS].amin(0),
+        ],
+        dim=1,
+    )
 
 
 def finalize(partials: torch.Tensor) -> torch.Tensor:

@@ -35,6 +35,14 @@ for _name, _attr in (("fp8_e4m3", "float8_e4m3fn"), ("fp8_e5m2", "float8_e5m2"),
 # one color per format, apart from the data's blues (from the colorblind-safe Okabe-Ito palette)
 _FORMAT_COLORS = ["#E69F00", "#009E73", "#CC79A7", "#7B3294", "#D55E00", "#666666"]
 _LINESTYLES = {"max": "-", "min_normal": "--", "min_subnormal": ":"}
+_MARKERS: dict[tuple[str, str], dict[str, Any]] = {
+    ("abs_max", "tensor"): {"marker": "^", "color": "#0B3C8C", "markersize": 4.2},
+    ("mean_abs", "tensor"): {"marker": "o", "color": "#4FA3E0", "markersize": 4.2},
+    ("abs_max", "parameter"): {"marker": "s", "color": "#0B3C8C", "markersize": 4.2},
+    ("mean_abs", "parameter"): {"marker": "D", "color": "#4FA3E0", "markersize": 4.2},
+    ("zero", ""): {"marker": "x", "color": "#555555", "markersize": 4.5},
+    ("bad", ""): {"marker": "X", "color": "#C00000", "markersize": 5},
+}
 _LINE_LABELS = {"max": "largest finite", "min_normal": "smallest normal", "min_subnormal": "smallest subnormal"}
 
 
@@ -138,7 +146,6 @@ def plot_scales(
     fig = Figure(figsize=(width, height), dpi=100)
     # gridspec spacing is a fraction of the mean axes height: converted from inches
     grid = fig.add_gridspec(2, 2, height_ratios=[strip, body], hspace=gap / ((strip + body) / 2), wspace=0.06)
-    colors = {"abs_max": "#0B3C8C", "mean_abs": "#4FA3E0"}
     panels = []
     for column, (offset, side) in enumerate(((0, "forward: values"), (2, "backward: gradients"))):
         top_ax = fig.add_subplot(grid[0, column])
@@ -152,20 +159,30 @@ def plot_scales(
             for key, style in _LINESTYLES.items():
                 ax.axvline(math.log2(getattr(fmt, key)), color=_FORMAT_COLORS[i % len(_FORMAT_COLORS)],
                            linestyle=style, linewidth=1.1, zorder=1)
+        # one artist per series, not per point: drawing stays fast at hundreds of nodes
+        ranges_x: list[list[float]] = []
+        points: dict[tuple[str, str], tuple[list[float], list[int]]] = {}
         for y, (_, is_param, values) in enumerate(rows):
             top, mean = values[offset], values[offset + 1]
             if top is None or mean is None:
                 continue  # no gradient reached this node
             if math.isfinite(top) and math.isfinite(mean):
-                ax.plot([mean, top], [y, y], color="#9AA7B8", linewidth=1.0, zorder=2)
-            for value, key, marker in ((top, "abs_max", "^" if not is_param else "s"),
-                                       (mean, "mean_abs", "o" if not is_param else "D")):
+                ranges_x.append([mean, top, y])
+            for value, key in ((top, "abs_max"), (mean, "mean_abs")):
                 if math.isfinite(value):
-                    ax.plot(value, y, marker=marker, color=colors[key], markersize=4.2, linestyle="none", zorder=3)
-                elif value == -math.inf:  # zero: at the left edge
-                    ax.plot(zero_x, y, marker="x", color="#555555", markersize=4.5, linestyle="none", zorder=3)
-                else:  # NaN or inf in the data: at the right edge
-                    ax.plot(bad_x, y, marker="X", color="#C00000", markersize=5, linestyle="none", zorder=3)
+                    series = (key, "parameter" if is_param else "tensor")
+                elif value == -math.inf:
+                    series, value = ("zero", ""), zero_x  # zero: at the left edge
+                else:
+                    series, value = ("bad", ""), bad_x  # NaN or inf in the data: at the right edge
+                xs, ys = points.setdefault(series, ([], []))
+                xs.append(value)
+                ys.append(y)
+        if ranges_x:
+            ax.hlines([r[2] for r in ranges_x], [r[0] for r in ranges_x], [r[1] for r in ranges_x],
+                      color="#9AA7B8", linewidth=1.0, zorder=2)
+        for (key, kind), (xs, ys) in points.items():
+            ax.plot(xs, ys, linestyle="none", zorder=3, **_MARKERS[(key, kind)])
         ax.set_xlim(x_low, x_high)
         ax.xaxis.set_major_locator(matplotlib.ticker.MultipleLocator(_tick_step(x_high - x_low)))
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"$2^{{{int(v)}}}$"))
@@ -183,14 +200,10 @@ def plot_scales(
             label.set_color("#6B4E16")
     main.set_ylim(n - 0.5, -0.5)
 
-    handles = [
-        Line2D([], [], marker="^", color=colors["abs_max"], linestyle="none", label="abs_max"),
-        Line2D([], [], marker="o", color=colors["mean_abs"], linestyle="none", label="mean_abs"),
-        Line2D([], [], marker="s", color=colors["abs_max"], linestyle="none", label="parameter abs_max"),
-        Line2D([], [], marker="D", color=colors["mean_abs"], linestyle="none", label="parameter mean_abs"),
-        Line2D([], [], marker="x", color="#555555", linestyle="none", label="zero"),
-        Line2D([], [], marker="X", color="#C00000", linestyle="none", label="NaN / inf"),
-    ]
+    labels = {("abs_max", "tensor"): "abs_max", ("mean_abs", "tensor"): "mean_abs",
+              ("abs_max", "parameter"): "parameter abs_max", ("mean_abs", "parameter"): "parameter mean_abs",
+              ("zero", ""): "zero", ("bad", ""): "NaN / inf"}
+    handles = [Line2D([], [], linestyle="none", label=label, **_MARKERS[key]) for key, label in labels.items()]
     handles += [Line2D([], [], color="#444444", linestyle=style, label=_LINE_LABELS[key])
                 for key, style in _LINESTYLES.items()]
     off_chart = [f"{ranges[i].name} {_LINE_LABELS[key]} $2^{{{x:.4g}}}$" for i, key, x in lines

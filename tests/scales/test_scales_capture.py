@@ -227,3 +227,54 @@ def test_input_gradients_and_close() -> None:
     capture.start(model, root=model, args=(x,))
     capture.close()  # drops the step, leaves nothing behind
     assert torch.overrides._get_current_function_mode() is None and capture.collect() == {}
+
+
+def test_collect_table_is_the_same_numbers_in_one_tensor() -> None:
+    torch.manual_seed(0)
+    model = FunctionalMLP()
+    capture = S.ScaleCapture()
+    driver = Driver(model, capture)
+    driver.saving = True
+    x = torch.randn(3, 8)
+    model(x).sum().backward()
+    keys, table = capture.collect_table()
+    assert table.shape == (len(keys), 6) and table.dtype == torch.float64
+    driver.saving = True
+    model(x).sum().backward()
+    metrics = capture.collect()  # the same step again: the same numbers, as 0-d views
+    assert list(metrics) == keys
+    for i, key in enumerate(keys):
+        assert [metrics[key][m].item() for m in METRICS] == table[i].tolist()
+    assert capture.collect_table()[1].shape == (0, 6)  # nothing recorded since
+
+
+def test_a_collected_step_draws_on_another_thread_from_the_engines_host_copy() -> None:
+    """The Hook's plot path: the engine copies ``step.table`` to the host with the rest of the step;
+    the dispatcher thread builds the graph from that copy while training records the next step."""
+    import threading
+
+    torch.manual_seed(0)
+    model = FunctionalMLP()
+    capture = S.ScaleCapture()
+    driver = Driver(model, capture)
+    driver.saving = True
+    model(torch.randn(3, 8)).sum().backward()
+    step = capture.collect_step()
+    host = step.table.cpu()  # the engine's one host copy
+    graphs: list[torch.fx.Graph] = []
+    pngs: list[bytes] = []
+
+    def draw() -> None:
+        graphs.append(step.graph(host))
+        pngs.append(S.render_scales_png(graphs[0]))
+
+    worker = threading.Thread(target=draw)
+    worker.start()
+    model(torch.randn(3, 8)).sum().backward()  # the next saved step, recording meanwhile
+    worker.join()
+    assert capture.collect_step().keys == step.keys  # stable names
+    rows = {key: host[i].tolist() for i, key in enumerate(step.keys)}
+    for node in graphs[0].nodes:
+        if "metrics" in node.meta:
+            assert node.meta["metrics"].fwd.abs_max == rows[f"scales/fwd/{node.meta['clean_name']}"][3]
+    assert pngs[0].startswith(b"\x89PNG")

@@ -71,3 +71,19 @@ def test_values_equal_unit_scalings_from_tensor(shape: tuple[int, ...]) -> None:
     ours, theirs = Metrics.from_tensor(t), USMetrics.from_tensor(t)  # theirs in float32
     for name in METRICS:
         assert math.isclose(getattr(ours, name), getattr(theirs, name), rel_tol=1e-6), name
+
+
+def test_merging_tables_of_ranks_equals_the_concatenation() -> None:
+    """What include_workers="reduce" does with each rank's partials: [k, N, 6] -> [N, 6], exactly."""
+    from tensorlens.scales.metrics import finalize, merge_partial_tables
+
+    tensors = [_tensor((40,), torch.float32, seed=s) * (s + 1) + 100 * s for s in range(3)]
+    cuts = [(0, 0, 40), (0, 13, 40), (0, 40, 40)]  # rank 0 saw nothing of tensor 0, ranks split the rest
+    ranks = []
+    for rank in range(2):
+        ranks.append(torch.stack([tensor_partials(t[cut[rank]:cut[rank + 1]])[1] for t, cut in zip(tensors, cuts,
+                                                                                                   strict=True)]))
+    table = finalize(merge_partial_tables(torch.stack(ranks)))
+    for i, t in enumerate(tensors):
+        expected = numpy_metrics(t)
+        assert_data_close(Metrics.Data(*table[i, :5].tolist(), int(table[i, 5])), expected, rtol=1e-12, where=str(i))

@@ -71,8 +71,8 @@ def test_plot_draws_every_node_both_directions_and_the_format_lines(tmp_path) ->
     assert "bf16 largest finite" in note and "bf16 smallest subnormal $2^{-133}$" in note  # off the chart, listed
     # each node's forward and backward markers at log2(abs_max) and log2(mean_abs)
     for ax, direction in ((forward, "fwd"), (backward, "bwd")):
-        points = {(round(line.get_xdata()[0], 9), line.get_ydata()[0]) for line in ax.get_lines()
-                  if line.get_marker() not in ("None", None, "") and len(line.get_xdata()) == 1}
+        points = {(round(float(x), 9), int(y)) for line in ax.get_lines() if line.get_marker() not in ("None", None, "")
+                  for x, y in zip(line.get_xdata(), line.get_ydata(), strict=True)}
         for y, node in enumerate(rows):
             data = getattr(node.meta["metrics"], direction)
             for value in (data.abs_max, data.mean_abs):
