@@ -267,3 +267,56 @@ def test_scales_graph_before_any_forward_and_bad_arguments() -> None:
         S.track_scales(lambda x: x)
     with pytest.raises(ValueError, match="TorchScript"):
         S.track_scales(torch.jit.script(nn.Linear(2, 2)))
+
+
+def test_hugging_face_model_with_keyword_inputs_and_a_model_output() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=100, n_positions=16,
+                                     bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    tracked = S.track_scales(transformers.GPT2LMHeadModel(config))
+    ids = torch.randint(0, 100, (2, 8))
+    out = tracked(input_ids=ids, labels=ids)
+    out.loss.backward()
+    graph = tracked.scales_graph()
+    graph.lint()
+    nodes = _by_name(graph)
+    assert nodes["input_ids"].op == "placeholder"
+    for name in ["transformer.wte.embedding", "transformer.h.0.attn.c_attn.addmm", "transformer.h.1.mlp.act.mul",
+                 "transformer.ln_f.layer_norm", "lm_head.linear", "cross_entropy"]:
+        assert name in nodes, name
+        assert nodes[name].meta["metrics"].bwd is not None, name
+    output = list(graph.nodes)[-1]
+    assert output.args[0]["loss"] is nodes["cross_entropy"]  # the ModelOutput's structure, tensors as nodes
+
+
+def test_activation_checkpointing_and_autocast() -> None:
+    """Recomputation in backward records nothing twice; autocast's bf16 outputs are nodes in bf16."""
+    from torch.utils.checkpoint import checkpoint
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(checkpoint(lambda y: torch.relu(self.a(y)), x, use_reentrant=False))
+
+    torch.manual_seed(0)
+    model = Net()
+    tracked = S.track_scales(model)
+    x = torch.randn(4, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = tracked(x)
+    out.float().square().mean().backward()
+    nodes = _by_name(tracked.scales_graph())
+    assert [n for n in nodes if n.endswith(("linear", "relu"))] == ["a.linear", "relu", "b.linear"]
+    assert nodes["relu"].meta["dtype"] == "bfloat16" and nodes["a.weight"].meta["dtype"] == "float32"
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h = torch.relu(F.linear(x, model.a.weight, model.a.bias))
+    h.retain_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = model.b(h)
+    ref.float().square().mean().backward()
+    assert_data_close(nodes["relu"].meta["metrics"].fwd, numpy_metrics(h))
+    assert_data_close(nodes["relu"].meta["metrics"].bwd, numpy_metrics(h.grad))
