@@ -10,19 +10,22 @@ and :mod:`tensorlens.integrations.pytorch_lightning` each combine it with their 
     class TensorLensCallback(TensorLensCallbackBase, lightning.pytorch.Callback):
         _namespace = lightning.pytorch
 
-The callback is a thin shell over :class:`tensorlens.Hook`: it marks step boundaries and modes,
-and picks backends from the trainer's loggers. No statistic is computed here.
+The callback is a thin driver of a :class:`tensorlens.Recorder` (the framework-free engine of
+:class:`tensorlens.Hook`, without its automatic step detection) and of the module taps that read
+the LightningModule's parameters and capture its activations: it marks step boundaries and
+modes through the recorder's public API, and picks backends from the trainer's loggers
+(:meth:`tensorlens.Backend.from_logger`). No statistic is computed here.
 
 Step boundaries (Lightning runs ``training_step`` and ``backward`` inside the closure passed to
-``optimizer.step``, i.e. after torch's optimizer step pre-hooks fire, so the hook's automatic
-optimizer hooks would read gradients too early; the hook is created with ``auto_step=False``):
+``optimizer.step``, i.e. after torch's optimizer step pre-hooks fire, so optimizer hooks would
+read gradients too early):
 
-- ``on_train_batch_start``: ``hook.begin_step()`` attaches activation hooks on saved steps (every
-  micro-batch, so accumulated activations are all captured);
-- ``on_before_optimizer_step``: ``hook.prepare_step(optimizer)`` reads weights and gradients, which
-  are accumulated over micro-batches and unscaled by AMP there, and not yet clipped;
+- ``on_train_batch_start``: ``recorder.begin_step()`` attaches activation hooks on saved steps
+  (every micro-batch, so accumulated activations are all captured);
+- ``on_before_optimizer_step``: ``recorder.prepare_step(optimizer)`` reads weights and gradients,
+  which are accumulated over micro-batches and unscaled by AMP there, and not yet clipped;
 - ``on_train_batch_end``, when ``trainer.global_step`` advanced: optionally the clipped gradients
-  (still in ``.grad``: ``zero_grad`` runs at the start of the next step), then ``hook.step()``.
+  (still in ``.grad``: ``zero_grad`` runs at the start of the next step), then ``recorder.step()``.
 - validation / test (mode ``eval``) and predict (mode ``predict``): one mode step per batch,
   ``begin_step()`` in ``on_*_batch_start`` and ``end_step()`` in ``on_*_batch_end``. Sanity-check
   batches are not recorded (Lightning's loggers skip them too).
@@ -40,13 +43,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from tensorlens.backends.base import Backend, registered_backends
-from tensorlens.capture import summaries
-from tensorlens.capture.hook import DEFAULT_RUNS_DIR, WORKER_MODES, Hook, _default_run_name
+from tensorlens._checks import expected
+from tensorlens.backends.base import Backend, backend_class, registered_backends
+from tensorlens.capture.modules import ModuleTaps
 from tensorlens.collection import DEFAULT_KINDS
-from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig, expected
+from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig
+from tensorlens.engine.recorder import WORKER_MODES, Recorder
 from tensorlens.modes import ModeKeys
-from tensorlens.store.schema import safe_run_name
+from tensorlens.store.runs import DEFAULT_RUNS_DIR, check_resume, default_run_name, folder_name
 from tensorlens.watch import histogram_config_from
 
 if TYPE_CHECKING:
@@ -96,6 +100,9 @@ class TensorLensCallbackBase:
         save_config: a :class:`tensorlens.SaveConfig`, instead of ``save_interval``.
         include_regex: extra parameter/module name patterns, recorded as the ``custom`` collection.
         run_name: the run's name in the store (default: derived from the logger).
+        resume: ``"never"`` (default), ``"allow"`` or ``"must"``, as in :class:`tensorlens.Hook`.
+            A later stage of the same callback (test after fit) and a trainer that restores a
+            checkpoint continue their run folder by themselves.
 
     Unsupported (fails in ``setup``/``on_fit_start`` with a message): more than one optimizer,
     and the DeepSpeed and FSDP (v1) strategies, whose gradients are not in ``param.grad``.
@@ -120,6 +127,7 @@ class TensorLensCallbackBase:
         save_config: SaveConfig | None = None,
         include_regex: Sequence[str] | str | None = None,
         run_name: str | None = None,
+        resume: str = "never",
     ) -> None:
         super().__init__()
         # Eager checks: a typo fails when the callback is built, not minutes into training.
@@ -151,6 +159,7 @@ class TensorLensCallbackBase:
             raise expected("include_regex", "None, a regex or a list of regexes", include_regex)
         if run_name is not None and not isinstance(run_name, str):
             raise expected("run_name", "None or a string", run_name)
+        check_resume(resume)
 
         names = list(DEFAULT_KINDS) if collections is None else list(collections)
         if activations and "activations" not in names:
@@ -165,9 +174,13 @@ class TensorLensCallbackBase:
         self.out_dir = out_dir
         self.include_regex = include_regex
         self.run_name = run_name
+        self.resume = resume
 
-        #: The :class:`tensorlens.Hook` of the current run, or of the last one once it has ended.
-        self.hook: Hook | None = None
+        #: The :class:`tensorlens.Recorder` of the current run, or of the last one once it has ended.
+        self.hook: Recorder | None = None
+        self._runs_started = 0
+        self._stage: str = "fit"
+        self._pl_module: Any = None
         # eval/predict step counters survive from one stage to the next (fit, then test) and
         # through checkpoints, so records of a later stage never overwrite earlier ones
         self._mode_steps: dict[str, int] = {}
@@ -177,10 +190,19 @@ class TensorLensCallbackBase:
     # ------------------------------------------------------------------ Lightning hooks: lifecycle
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        """Create the hook: check the configuration, choose the run folder and the backends."""
+        """Check the configuration; the recorder is created when the stage starts, once Lightning
+        has restored a checkpoint (if any), so a resumed run continues its folder."""
         self._check_strategy(trainer)
         if self.hook is not None and not self.hook.closed:
             self._close()  # a previous stage that ended without teardown
+        self._stage = getattr(stage, "value", stage)  # a str enum whose str() is "TrainerFn.FITTING"
+        self._pl_module = pl_module
+
+    def _start(self, trainer: Any) -> None:
+        """Create the recorder of this stage: choose the run folder and the backends."""
+        if self._live_hook() is not None or self._pl_module is None:
+            return
+        pl_module, stage = self._pl_module, self._stage
         run_dir, run_name = self._run_location(trainer)
         backends: list[str | Backend | type[Backend]] = []
         for spec in self.backends:
@@ -189,7 +211,11 @@ class TensorLensCallbackBase:
                 backends += self._logger_backends(trainer) if trainer.is_global_zero else []
             else:
                 backends.append(spec)
-        hook = Hook(
+        # a later stage of this callback (test after fit) or a trainer restoring a checkpoint
+        # continues the run it wrote before
+        restoring = getattr(trainer, "ckpt_path", None) is not None
+        resume = "allow" if (self._runs_started or restoring) and self.resume == "never" else self.resume
+        hook = Recorder(
             out_dir=run_dir,
             save_config=self.save_config,
             reduction_config=self.reductions,
@@ -199,13 +225,14 @@ class TensorLensCallbackBase:
             backends=backends or ["local"],
             run_name=run_name,
             include_workers=self.include_workers,
-            auto_step=False,
-            step_on_forward=False,
+            resume=resume,
         )
+        self._runs_started += 1
         try:
-            hook.register_module(pl_module)
-            # stage is a str enum ("fit", "validate", ...) whose str() is "TrainerFn.FITTING": use its value
-            hook.set_mode(_STAGE_MODES.get(getattr(stage, "value", stage), ModeKeys.TRAIN))
+            taps = ModuleTaps(hook.capture, hook.warn_once)
+            taps.add_root(pl_module)
+            hook.add_source(taps)
+            hook.set_mode(_STAGE_MODES.get(stage, ModeKeys.TRAIN))
             hook.set_step(trainer.global_step, self._mode_steps)
         except Exception:
             hook.close()
@@ -214,7 +241,7 @@ class TensorLensCallbackBase:
         self._prepared = False
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        """Check what only exists once the strategy is set up: the optimizers."""
+        """Check what only exists once the strategy is set up (the optimizers), then start."""
         optimizers = trainer.optimizers
         if len(optimizers) > 1:
             raise RuntimeError(
@@ -222,6 +249,7 @@ class TensorLensCallbackBase:
                 f"{len(optimizers)}: with several, no single optimizer step marks the end of a training step. "
                 "Watch each sub-model with its own tl.watch(...) instead, which steps on its optimizer."
             )
+        self._start(trainer)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         # global_step is restored from a checkpoint after on_fit_start, before this hook
@@ -282,7 +310,7 @@ class TensorLensCallbackBase:
         if hook.global_step != trainer.global_step:
             self._sync(trainer, ModeKeys.TRAIN)
 
-    def _save_clipped_gradients(self, hook: Hook, pl_module: nn.Module) -> None:
+    def _save_clipped_gradients(self, hook: Recorder, pl_module: nn.Module) -> None:
         """Gradients as the optimizer used them, after clipping (``.grad`` lives until the next
         ``zero_grad``), in the record of the step being closed."""
         gradients = hook.collections["gradients"]
@@ -299,12 +327,14 @@ class TensorLensCallbackBase:
 
     def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
         # sanity batches are not recorded: keep tl.summarize_* calls in forward from landing in step 0
-        if self._live_hook() is not None:
-            summaries.deactivate(self.hook)  # type: ignore[arg-type]
+        hook = self._live_hook()
+        if hook is not None:
+            hook.pause()
 
     def on_sanity_check_end(self, trainer: Any, pl_module: Any) -> None:
-        if self._live_hook() is not None:
-            summaries.activate(self.hook)  # type: ignore[arg-type]
+        hook = self._live_hook()
+        if hook is not None:
+            hook.unpause()
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         self._start_mode(trainer, ModeKeys.EVAL)
@@ -349,6 +379,7 @@ class TensorLensCallbackBase:
         self._end_batch(trainer)
 
     def _start_mode(self, trainer: Any, mode: ModeKeys) -> None:
+        self._start(trainer)  # validate / test / predict on their own: no on_fit_start
         hook = self._live_hook()
         if hook is None or trainer.sanity_checking:
             return
@@ -375,7 +406,7 @@ class TensorLensCallbackBase:
 
     # ------------------------------------------------------------------ helpers
 
-    def _live_hook(self) -> Hook | None:
+    def _live_hook(self) -> Recorder | None:
         hook = self.hook
         return hook if hook is not None and not hook.closed else None
 
@@ -388,7 +419,7 @@ class TensorLensCallbackBase:
         if hook.global_step != trainer.global_step:
             hook.set_step(trainer.global_step)
 
-    def _remember_mode_steps(self, hook: Hook) -> None:
+    def _remember_mode_steps(self, hook: Recorder) -> None:
         for mode in (ModeKeys.EVAL, ModeKeys.PREDICT):
             self._mode_steps[str(mode)] = hook.mode_step(mode)
 
@@ -438,40 +469,37 @@ class TensorLensCallbackBase:
         name = self.run_name
         if name is None and logger is not None:
             name = "-".join(str(p) for p in (logger.name, logger.version) if p not in (None, ""))
-        name = safe_run_name(name or _default_run_name())
+        name = name or default_run_name()
         if self.out_dir is not None:
             return os.path.abspath(os.fspath(self.out_dir)), name
         for candidate in loggers:
             log_dir = getattr(candidate, "log_dir", None)
             if isinstance(log_dir, str) and log_dir:
                 return os.path.abspath(os.path.join(log_dir, STORE_FOLDER)), name
-        return os.path.abspath(os.path.join(trainer.default_root_dir, DEFAULT_RUNS_DIR, name)), name
+        return os.path.abspath(os.path.join(trainer.default_root_dir, DEFAULT_RUNS_DIR, folder_name(name))), name
 
     def _logger_backends(self, trainer: Any) -> list[Backend]:
-        """One backend per logger, sharing the logger's own run (``logger.experiment``)."""
-        loggers = self._module("loggers")
+        """One backend per logger, sharing the logger's own run (``Backend.from_logger`` of every
+        registered backend class decides)."""
         out: list[Backend] = []
         for logger in trainer.loggers:
-            if isinstance(logger, loggers.WandbLogger):
-                from tensorlens.integrations.wandb import WandbBackend
-
-                # WandbLogger makes trainer/global_step the x-axis of every metric: log it with ours
-                out.append(WandbBackend(run=logger.experiment, extra_step_keys=("trainer/global_step",)))
-            elif isinstance(logger, loggers.MLFlowLogger):
-                from tensorlens.integrations.mlflow import MLflowBackend
-
-                out.append(MLflowBackend(client=logger.experiment, run_id=logger.run_id))
-            elif isinstance(logger, loggers.TensorBoardLogger):
-                from tensorlens.integrations.tensorboard import TensorBoardBackend
-
-                out.append(TensorBoardBackend(writer=logger.experiment))
-            elif isinstance(logger, loggers.CSVLogger):
+            found = None
+            for name in registered_backends():
+                try:
+                    found = backend_class(name).from_logger(logger)
+                except ImportError:
+                    continue  # an integration whose vendor library is missing
+                if found is not None:
+                    break
+            if found is not None:
+                out.append(found)
+            elif type(logger).__name__ == "CSVLogger":
                 log.info("tensorlens: CSVLogger gets no statistics; they are in the local run store")
             else:
                 self._warn_once(
                     f"logger-{type(logger).__name__}",
                     f"no tensorlens backend for {type(logger).__name__}; statistics go to the local run store "
-                    "only (pass backends=[..., MyBackend()] to add one)",
+                    "only (pass backends=[..., MyBackend()] or register a Backend with from_logger)",
                 )
         return out
 

@@ -31,6 +31,7 @@ import os
 import re
 import shutil
 import socket
+import sys
 import tempfile
 import time
 import urllib.parse
@@ -41,8 +42,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, RunInfo
-from tensorlens.config import expected
+from tensorlens.backends.keys import key_parts
+from tensorlens.backends.optional import import_optional, is_lightning_logger
 from tensorlens.modes import ModeKeys
 from tensorlens.records import HistogramEntry, StepRecord
 
@@ -71,7 +74,6 @@ _HASH_LENGTH = 8
 # MLflow allows ``[/\w.\- :]`` but ``\w`` is Unicode and ``:`` is refused on Windows clients;
 # staying within ASCII and without ``:`` gives keys every client and server accepts.
 _DISALLOWED = re.compile(r"[^A-Za-z0-9_.\- /]")
-_INSTALL_HINT = "pip install 'tensorlens[mlflow]'"
 # Async mode: wait for the oldest batches once this many are in flight, so memory stays bounded
 # and failures surface while training runs instead of only at close().
 _MAX_PENDING_ASYNC = 32
@@ -85,11 +87,7 @@ _PROBE_TIMEOUT_S = 10.0
 
 
 def _import_mlflow() -> Any:
-    try:
-        import mlflow
-    except ImportError as err:
-        raise ImportError(f"MLflowBackend needs the `mlflow` package: {_INSTALL_HINT}") from err
-    return mlflow
+    return import_optional("mlflow", "mlflow", "MLflowBackend")
 
 
 # ---------------------------------------------------------------------------- metric keys
@@ -289,6 +287,25 @@ class MLflowBackend(Backend):
     def artifact_root(self) -> str:
         return self.prefix or "tensorlens"
 
+    # -- detection
+
+    @classmethod
+    def detect(cls) -> bool:
+        """An active MLflow run in this thread (``mlflow`` is never imported here)."""
+        return _active_mlflow_run() is not None
+
+    @classmethod
+    def active_run_name(cls) -> str | None:
+        active = _active_mlflow_run()
+        return f"{active.info.run_name or 'mlflow'}-{active.info.run_id[:8]}" if active is not None else None
+
+    @classmethod
+    def from_logger(cls, logger: Any) -> MLflowBackend | None:
+        """Lightning's ``MLFlowLogger``: its client and run."""
+        if not is_lightning_logger(logger, "MLFlowLogger"):
+            return None
+        return cls(client=logger.experiment, run_id=logger.run_id)
+
     # -- lifecycle
 
     def open(self, run: RunInfo) -> None:
@@ -385,14 +402,7 @@ class MLflowBackend(Backend):
         >>> backend.metric_key("gradients/fc1.weight/l2", mode="eval")  # doctest: +SKIP
         'tensorlens/eval/gradients/fc1.weight/l2'
         """
-        mode = ModeKeys.coerce(mode)
-        parts = [self.prefix]
-        if mode != ModeKeys.TRAIN:
-            parts.append(str(mode))
-        run = self._run
-        if _worker_infix(run, worker):
-            parts.append(str(worker))  # every rank logs its own series into the same run
-        parts.append(key)
+        parts = [*key_parts(self.prefix, mode, worker), key]
         # the identity keeps the parts apart, so mode "eval" + "x" and a collection "eval/x" differ
         return self.keys("/".join(p for p in parts if p), identity="\x00".join(parts))
 
@@ -470,10 +480,14 @@ class MLflowBackend(Backend):
         self._client.log_artifacts(self.run_id, folder, f"{self.artifact_root}/heatmaps")
 
 
-def _worker_infix(run: RunInfo | None, worker: str | None) -> bool:
-    # as in the W&B backend: rank 0 keeps the keys of a single-process run, other ranks are named
-    all_workers = run is not None and run.world_size > 1 and run.config.get("include_workers") == "all"
-    return all_workers and worker is not None and worker != "worker_0"
+def _active_mlflow_run() -> Any:
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is None:
+        return None
+    try:
+        return mlflow.active_run()
+    except Exception:
+        return None
 
 
 class _HistogramChunk:

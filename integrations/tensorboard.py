@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, RunInfo
-from tensorlens.config import expected
+from tensorlens.backends.keys import tracker_key
+from tensorlens.backends.optional import import_optional, is_lightning_logger
 from tensorlens.modes import ModeKeys
 from tensorlens.records import HistogramEntry, StepRecord
 
@@ -31,11 +33,8 @@ _MODE_STEP_MODES = (ModeKeys.EVAL, ModeKeys.PREDICT)
 
 
 def _summary_writer_class() -> type[SummaryWriter]:
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as err:  # torch raises this when the tensorboard package is missing
-        raise ImportError(f"The TensorBoard backend needs the tensorboard package: {INSTALL_HINT}") from err
-    return SummaryWriter
+    # torch raises ImportError from this module when the tensorboard package is missing
+    return import_optional("torch.utils.tensorboard", "tensorboard", "The TensorBoard backend").SummaryWriter
 
 
 class TensorBoardBackend(Backend):
@@ -120,23 +119,26 @@ class TensorBoardBackend(Backend):
         self._log_dir = log_dir
         self._writer = self._writer_class(log_dir=log_dir)
 
-    def tag(self, key: str, mode: ModeKeys) -> str:
-        """The TensorBoard tag of a scalar key or tensor name in ``mode``.
+    @classmethod
+    def from_logger(cls, logger: Any) -> TensorBoardBackend | None:
+        """Lightning's ``TensorBoardLogger``: its own ``SummaryWriter``."""
+        if not is_lightning_logger(logger, "TensorBoardLogger"):
+            return None
+        return cls(writer=logger.experiment)
+
+    def tag(self, key: str, mode: ModeKeys, worker: str | None = None) -> str:
+        """The TensorBoard tag of a scalar key or tensor name in ``mode`` (see :mod:`tensorlens.backends.keys`).
 
         >>> TensorBoardBackend().tag("gradients/fc1.weight/l2", ModeKeys.EVAL)  # doctest: +SKIP
         'tensorlens/eval/gradients/fc1.weight/l2'
         """
-        parts = [self.prefix] if self.prefix else []
-        if mode != ModeKeys.TRAIN:
-            parts.append(str(mode))
-        parts.append(key)
-        return "/".join(parts)
+        return tracker_key(self.prefix, mode, worker, key)
 
     def write(self, record: StepRecord) -> None:
         assert self._writer is not None, "TensorBoardBackend.write before open"
         step = record.mode_step if record.mode in _MODE_STEP_MODES else record.step
-        scalars = [(self.tag(entry.key, record.mode), entry.value) for entry in record.scalars]
-        histograms = [(self.tag(h.tensor, record.mode), *_buckets(h)) for h in record.histograms]
+        scalars = [(self.tag(entry.key, record.mode, record.worker), entry.value) for entry in record.scalars]
+        histograms = [(self.tag(h.tensor, record.mode, record.worker), *_buckets(h)) for h in record.histograms]
         file_writer = self._fast_file_writer()
         if file_writer is not None:
             # One event per record instead of one per value: ~50x cheaper than add_scalar for

@@ -47,8 +47,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, RunInfo
-from tensorlens.config import expected
+from tensorlens.backends.keys import key_parts
+from tensorlens.backends.optional import import_optional, is_lightning_logger
 from tensorlens.modes import ModeKeys
 from tensorlens.records import HistogramEntry, StepRecord, collection_of
 
@@ -59,8 +61,6 @@ if TYPE_CHECKING:
 HEATMAP_CHART_NAME = "tensorlens/histogram-heatmap"
 #: The Vega-Lite spec of the heatmap chart, shipped as package data.
 HEATMAP_SPEC_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wandb_heatmap_spec.json")
-#: Workers whose records are the run's own (no infix in the key).
-PRIMARY_WORKERS = ("worker_0", "reduced")
 #: More lines than this make the profile chart unreadable; older ones are thinned evenly.
 MAX_PROFILE_LINES = 24
 #: Steps kept per heatmap table (steps x bins rows are re-logged every time).
@@ -68,16 +68,11 @@ MAX_HEATMAP_STEPS = 64
 #: Records held back while a user who passes ``step=`` has not moved on to the next row.
 MAX_DEFERRED = 32
 
-_INSTALL_HINT = "pip install 'tensorlens[wandb]'"
 
 
 def import_wandb() -> Any:
     """Import ``wandb`` on first use, with the install hint if it is missing."""
-    try:
-        import wandb
-    except ImportError as err:
-        raise ImportError(f"The W&B backend needs the `wandb` package: {_INSTALL_HINT}") from err
-    return wandb
+    return import_optional("wandb", "wandb", "The W&B backend")
 
 
 class WandbBackend(Backend):
@@ -164,6 +159,28 @@ class WandbBackend(Backend):
         self._profile_key: str | None = None
         self._heatmaps: dict[str, _Thinned] = {}
 
+    # ------------------------------------------------------------------ detection
+
+    @classmethod
+    def detect(cls) -> bool:
+        """An active ``wandb.run`` in this process (``wandb`` is never imported here)."""
+        wandb = sys.modules.get("wandb")
+        return wandb is not None and getattr(wandb, "run", None) is not None
+
+    @classmethod
+    def active_run_name(cls) -> str | None:
+        wandb = sys.modules.get("wandb")
+        run = getattr(wandb, "run", None) if wandb is not None else None
+        return f"{getattr(run, 'name', None) or 'wandb'}-{run.id}" if run is not None else None
+
+    @classmethod
+    def from_logger(cls, logger: Any) -> WandbBackend | None:
+        """Lightning's ``WandbLogger``: its run, with ``trainer/global_step`` in every row (the
+        logger makes it the x-axis of every metric)."""
+        if not is_lightning_logger(logger, "WandbLogger"):
+            return None
+        return cls(run=logger.experiment, extra_step_keys=("trainer/global_step",))
+
     # ------------------------------------------------------------------ lifecycle
 
     def open(self, run: RunInfo) -> None:
@@ -230,12 +247,7 @@ class WandbBackend(Backend):
     # ------------------------------------------------------------------ translation
 
     def _base(self, record: StepRecord) -> str:
-        parts = [self.prefix]
-        if record.mode != ModeKeys.TRAIN:
-            parts.append(str(record.mode))
-        if record.worker not in PRIMARY_WORKERS:
-            parts.append(record.worker)
-        return "/".join(parts)
+        return "/".join(key_parts(self.prefix, record.mode, record.worker))
 
     def _row(self, record: StepRecord) -> dict[str, Any]:
         base = self._base(record)

@@ -12,8 +12,9 @@ from tensorlens.backends.base import Backend, RunInfo, register_backend, registe
 from tensorlens.backends.memory import MemoryBackend
 from tensorlens.capture.hook import Hook
 from tensorlens.capture.summaries import summarize_scalar, summarize_tensor
-from tensorlens.collection import Collection
+from tensorlens.collection import Collection, Kind
 from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig, SaveConfigMode
+from tensorlens.engine.recorder import Recorder
 from tensorlens.file_limit import setup
 from tensorlens.modes import ModeKeys
 from tensorlens.records import HistogramEntry, ScalarEntry, StepRecord, TensorEntry
@@ -35,8 +36,10 @@ __all__ = [
     "HistogramConfig",
     "HistogramEntry",
     "Hook",
+    "Kind",
     "MemoryBackend",
     "ModeKeys",
+    "Recorder",
     "ReductionConfig",
     "Run",
     "RunInfo",

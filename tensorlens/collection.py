@@ -9,25 +9,37 @@ A custom collection gathers tensors of several kinds by name and records them as
 
 from __future__ import annotations
 
+import enum
 import re
-from collections.abc import Iterable
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
 
-from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig, expected
+from tensorlens._checks import expected
+from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig
 
-#: Every kind of tensor tensorlens can capture.
-KINDS = (
-    "weights",
-    "biases",
-    "gradients",
-    "activations",
-    "inputs",
-    "activation_gradients",
-    "updates",
-    "optimizer",
-    "losses",
-    "summaries",
-    "scalars",
-)
+
+class Kind(str, enum.Enum):
+    """What a tensor is; each built-in collection holds one kind (its name is the kind's value)."""
+
+    WEIGHTS = "weights"  # parameters not named bias*
+    BIASES = "biases"  # parameters named bias*
+    GRADIENTS = "gradients"  # .grad of every parameter, read at the optimizer step
+    ACTIVATIONS = "activations"  # module outputs
+    INPUTS = "inputs"  # module inputs, positional and keyword
+    ACTIVATION_GRADIENTS = "activation_gradients"  # gradients w.r.t. module outputs
+    UPDATES = "updates"  # the change the optimizer step made to each parameter
+    OPTIMIZER = "optimizer"  # lr, momentum, betas, weight_decay, eps per param group
+    LOSSES = "losses"  # outputs of registered loss modules
+    SUMMARIES = "summaries"  # tl.summarize_scalar / summarize_tensor from model code
+    SCALARS = "scalars"  # hook.save_scalar
+
+    def __str__(self) -> str:  # "weights", not "Kind.WEIGHTS", in names and messages
+        return self.value
+
+
+#: Every kind of tensor tensorlens can capture, as strings (collection names).
+KINDS = tuple(k.value for k in Kind)
 #: What ``tl.watch`` records unless told otherwise.
 DEFAULT_KINDS = ("weights", "biases", "gradients", "losses", "summaries", "scalars")
 #: Names that stand for several kinds in ``include_collections``.
@@ -36,6 +48,8 @@ ALIASES = {"all": KINDS, "default": DEFAULT_KINDS}
 SCALAR_KINDS = ("optimizer", "losses", "scalars")
 #: Kinds captured with module hooks (attached only on saved steps).
 MODULE_KINDS = ("activations", "inputs", "activation_gradients")
+#: Kinds read from the parameters at the optimizer step.
+PARAMETER_KINDS = ("weights", "biases", "gradients")
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -56,7 +70,9 @@ class Collection:
         save_config: SaveConfig | None = None,
         reduction_config: ReductionConfig | None = None,
         histogram_config: HistogramConfig | None = None,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
+        self.on_change = on_change  # the owner's cache invalidation; set first, __setattr__ calls it
         if not isinstance(name, str) or not _NAME.match(name):
             raise expected("name", "a collection name of letters, digits, '_', '.' and '-'", name)
         self.name = name
@@ -69,6 +85,9 @@ class Collection:
                 raise expected("kinds", f"a list drawn from {list(KINDS)}", kinds)
         self.kinds = kinds
         self.patterns: list[re.Pattern[str]] = []
+        # modules added with add_module_tensors: (weak module, inputs, outputs)
+        self.modules: list[tuple[weakref.ref[Any], bool, bool]] = []
+        self.module_names: set[tuple[str, str]] = set()  # (kind, qualified name) of those, once resolved
         self.save_config = save_config
         self.reduction_config = reduction_config
         self.histogram_config = histogram_config
@@ -81,6 +100,8 @@ class Collection:
         if key in checks and value is not None and not isinstance(value, checks[key]):
             raise expected(key, f"None or a {checks[key].__name__}", value)
         super().__setattr__(key, value)
+        if key != "on_change" and getattr(self, "on_change", None) is not None:
+            self.on_change()
 
     def include(self, *regex: str) -> Collection:
         """Add name patterns (``re.search``); returns the collection for chaining."""
@@ -91,11 +112,46 @@ class Collection:
                 self.patterns.append(re.compile(pattern))
             except re.error as err:
                 raise expected("regex", "a valid regular expression", pattern) from err
+        if self.on_change is not None:
+            self.on_change()
         return self
+
+    def add_module_tensors(self, module: Any, inputs: bool = False, outputs: bool = True) -> Collection:
+        """Record ``module``'s outputs (and/or inputs) in this collection, as SageMaker Debugger's
+        ``collection.add_module_tensors`` does; the module must belong to a registered model.
+
+        >>> hook.get_collection("attention").add_module_tensors(model.encoder.layers[0].self_attn)  # doctest: +SKIP
+        """
+        import torch
+
+        if not isinstance(module, torch.nn.Module):
+            raise expected("module", "a torch.nn.Module", module)
+        if not isinstance(inputs, bool) or not isinstance(outputs, bool) or not (inputs or outputs):
+            raise expected("inputs/outputs", "bools, at least one of them True", (inputs, outputs))
+        wanted = (("inputs",) if inputs else ()) + (("activations",) if outputs else ())
+        if self.builtin and not set(wanted) & set(self.kinds):
+            raise expected("collection", f"a custom collection or one of {list(wanted)}", self.name)
+        if not self.builtin:
+            self.kinds = tuple(dict.fromkeys((*self.kinds, *wanted)))
+        self.modules.append((weakref.ref(module), inputs, outputs))
+        if self.on_change is not None:
+            self.on_change()
+        return self
+
+    def holds_module(self, module: Any, kind: str, name: str) -> bool:
+        """Whether ``module`` (qualified ``name``) was added with :meth:`add_module_tensors` for
+        ``kind``; remembers its name, so tensors captured from it match by name later."""
+        for ref, inputs, outputs in self.modules:
+            if ref() is module and ((kind == "inputs" and inputs) or (kind == "activations" and outputs)):
+                self.module_names.add((kind, name))
+                return True
+        return False
 
     def matches(self, kind: str, name: str) -> bool:
         if kind not in self.kinds:
             return False
+        if (kind, name) in self.module_names:
+            return True
         if not self.patterns:
             return self.builtin
         return any(p.search(name) for p in self.patterns)

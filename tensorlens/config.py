@@ -13,6 +13,7 @@ from typing import Any
 
 from tensorlens._checks import _int_or_none, expected
 from tensorlens.modes import ModeKeys
+from tensorlens.stats.registry import STATISTICS
 
 #: Reductions over the values (``abs_<name>`` is the same reduction over ``|x|``).
 REDUCTIONS = ("min", "max", "mean", "std", "variance", "sum", "prod", "median")
@@ -122,7 +123,9 @@ class ReductionConfig:
     """Which statistics to record per tensor.
 
     ``reductions`` and ``norms`` act on the values, ``abs_reductions`` and ``abs_norms`` on their
-    absolute values (recorded as ``abs_<name>``). ``numel``, ``nan_count`` and ``inf_count`` are
+    absolute values (recorded as ``abs_<name>``). ``reductions`` accepts the name of every
+    statistic (``numel``, ``nan_count``, ``abs_max``, ``zero_fraction``, ...; see
+    :mod:`tensorlens.stats.registry`). ``numel``, ``nan_count`` and ``inf_count`` are
     always recorded. ``save_raw_tensor`` stores the whole tensor (use sparingly);
     ``save_shape`` records the shape.
 
@@ -141,7 +144,8 @@ class ReductionConfig:
     _stat_names: tuple[str, ...] = dataclasses.field(init=False, repr=False, compare=False, default=())
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "reductions", _names("reductions", self.reductions, REDUCTIONS + NORMS))
+        # any declared statistic is accepted here (numel, nan_count, abs_max, zero_fraction, ...)
+        object.__setattr__(self, "reductions", _names("reductions", self.reductions, tuple(STATISTICS)))
         object.__setattr__(self, "abs_reductions", _names("abs_reductions", self.abs_reductions, REDUCTIONS + NORMS))
         object.__setattr__(self, "norms", _names("norms", self.norms, NORMS))
         object.__setattr__(self, "abs_norms", _names("abs_norms", self.abs_norms, NORMS))

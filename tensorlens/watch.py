@@ -42,6 +42,7 @@ def watch(
     out_dir: str | os.PathLike[str] | None = None,
     run_name: str | None = None,
     include_workers: str = "reduce",
+    resume: str = "never",
 ) -> Hook:
     """Watch ``models`` with sensible defaults and return the :class:`Hook`.
 
@@ -49,16 +50,26 @@ def watch(
     histograms), losses and summaries every ``save_interval`` optimizer steps, to the local run
     store and to the active W&B / MLflow run. ``activations=True`` adds module outputs.
     ``log`` and ``log_freq`` accept ``wandb.watch``'s values (``"gradients"``, ``"parameters"``,
-    ``"all"``).
+    ``"all"``). ``resume`` continues a stored run (``"allow"``, ``"must"``), as in ``wandb.init``.
 
     >>> hook = watch(model)            # doctest: +SKIP
     >>> ...train...                    # doctest: +SKIP
     >>> hook.close()                   # doctest: +SKIP
     """
+    if isinstance(models, (str, bytes)) or not (
+        isinstance(models, nn.Module)
+        or (isinstance(models, Mapping) and models)
+        or (isinstance(models, Sequence) and models)
+    ):
+        raise expected("models", "an nn.Module, a list of them or a dict name -> nn.Module", models)
     if log is not None and log not in _WANDB_LOG:
         raise expected("log", f"None or one of {list(_WANDB_LOG)}", log)
     if log_freq is not None:
+        if isinstance(log_freq, bool) or not isinstance(log_freq, int) or log_freq < 1:
+            raise expected("log_freq", "None or an integer >= 1 (save every log_freq optimizer steps)", log_freq)
         save_interval = log_freq
+    if isinstance(save_interval, bool) or not isinstance(save_interval, int) or save_interval < 1:
+        raise expected("save_interval", "an integer >= 1", save_interval)
     if collections is None:
         collections = list(_WANDB_LOG[log or "all"])
         if activations:
@@ -73,6 +84,7 @@ def watch(
         backends=backends,
         run_name=run_name,
         include_workers=include_workers,
+        resume=resume,
     )
     try:
         if isinstance(models, nn.Module):

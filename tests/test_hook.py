@@ -461,7 +461,7 @@ def test_another_models_optimizer_stepping_first_does_not_capture_the_hook(tmp_p
 def test_large_activations_reduced_in_the_hook_match_the_whole_tensor(tmp_path, monkeypatch, kernel_mode) -> None:
     # Activations of >= REDUCE_WHEN_CAPTURED values are reduced in the forward hook by the compiled
     # kernel (no copy kept): two calls of one module, an in-place op after it, a NaN in one call.
-    from tensorlens.capture.hook import REDUCE_WHEN_CAPTURED
+    from tensorlens.engine.recorder import REDUCE_WHEN_CAPTURED
     from tensorlens.stats import native
 
     if kernel_mode == "torch":
@@ -483,7 +483,7 @@ def test_large_activations_reduced_in_the_hook_match_the_whole_tensor(tmp_path, 
     pending = []
     for x in xs:
         model(x)
-        pending.append(type(hook._pending[(tl.ModeKeys.TRAIN, "activations", "lin")][-1]).__name__)
+        pending.append(type(hook._pending._tensors[(tl.ModeKeys.TRAIN, "activations", "lin")][-1]).__name__)
     hook.step()
     hook.close()
     assert pending == (["ReducedPiece", "ReducedPiece"] if kernel_mode == "native" else ["Tensor", "Tensor"])
@@ -518,7 +518,7 @@ def test_a_config_changed_between_steps_changes_how_captures_are_reduced(tmp_pat
     # The plan for reducing a large capture in its hook (which columns, whether to gather a
     # histogram sample) is kept across steps; a changed collection config must take effect on the
     # next saved step: here the second step needs zero counts and a histogram the first did not.
-    from tensorlens.capture.hook import REDUCE_WHEN_CAPTURED
+    from tensorlens.engine.recorder import REDUCE_WHEN_CAPTURED
 
     hook, memory = make_hook(tmp_path, include_collections=["activations"])
     activations = hook.get_collection("activations").include(r"^lin$")

@@ -85,7 +85,7 @@ def test_run_name_is_sanitised(tmp_path, monkeypatch) -> None:
     hook = tl.Hook(run_name="../../evil/name")
     hook.close()
     assert os.path.dirname(hook.run_dir) == str(tmp_path / "tensorlens_runs")
-    assert ".." not in os.path.basename(hook.run_dir)
+    assert os.sep not in os.path.basename(hook.run_dir) and not os.path.basename(hook.run_dir).startswith(".")
 
 
 def test_default_run_folder_and_reader_errors(tmp_path, monkeypatch) -> None:

@@ -3,16 +3,21 @@
 A backend only translates :class:`~tensorlens.records.StepRecord` objects for one destination;
 it never computes statistics. Methods default to doing nothing so a backend overrides only what
 it needs. Writes happen on a background thread, one thread per backend.
+
+A backend is one class plus a registry line: the class says itself whether its tracker has an
+active run in this process (:meth:`Backend.detect`, for ``backends="auto"``), what that run is
+called (:meth:`Backend.active_run_name`) and how to come from a Lightning logger
+(:meth:`Backend.from_logger`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from tensorlens.config import expected
+from tensorlens._checks import expected
 from tensorlens.records import StepRecord
 
 
@@ -44,6 +49,23 @@ class Backend:
     supports_tensors: ClassVar[bool] = False
     main_process_only: ClassVar[bool] = True
     critical: ClassVar[bool] = False
+
+    @classmethod
+    def detect(cls) -> bool:
+        """Whether this tracker has an active run in this process, for ``backends="auto"``.
+        Must not import the tracker's library (look in ``sys.modules``)."""
+        return False
+
+    @classmethod
+    def active_run_name(cls) -> str | None:
+        """The active tracker run's name, used as the default run name (``None``: none)."""
+        return None
+
+    @classmethod
+    def from_logger(cls, logger: Any) -> Backend | None:
+        """A backend writing into a Lightning logger's own run, or ``None`` if ``logger`` is not
+        this tracker's logger (called for every logger of a trainer)."""
+        return None
 
     def open(self, run: RunInfo) -> None:  # noqa: B027 - optional hook
         """Called once, on the dispatcher's thread, before the first write."""
@@ -109,3 +131,52 @@ def create_backend(spec: str | Backend | Callable[[], Backend]) -> Backend:
     if isinstance(spec, type) and issubclass(spec, Backend):
         return spec()
     raise expected("backends", "names, Backend classes or Backend instances", spec)
+
+
+def resolve_backends(spec: str | Sequence[str | Backend | type[Backend]], rank: int = 0) -> list[Backend]:
+    """The backends for ``spec``: ``"auto"`` is the local store plus every registered tracker with
+    an active run (:meth:`Backend.detect`); names, classes and instances otherwise. The local
+    store is always there; ranks other than 0 keep only backends that are not ``main_process_only``."""
+    if isinstance(spec, str):
+        spec = auto_backends() if spec == "auto" else [spec]
+    elif not isinstance(spec, Sequence):
+        raise expected("backends", '"auto" or a list of names, Backend classes or instances', spec)
+    backends = [create_backend(s) for s in spec]
+    if not any(b.name == "local" for b in backends):
+        backends.insert(0, create_backend("local"))
+    if rank != 0:  # trackers are rank 0's in every mode; "all" gives each rank its local store
+        backends = [b for b in backends if not b.main_process_only]
+    return backends
+
+
+def auto_backends() -> list[str]:
+    """``backends="auto"``: ``"local"`` and every registered tracker with an active run."""
+    found = ["local"]
+    for name in list(_REGISTRY):
+        if name in ("local", "memory"):
+            continue
+        try:
+            if backend_class(name).detect():
+                found.append(name)
+        except Exception:  # a broken third-party backend must not stop the hook
+            continue
+    return found
+
+
+def active_run_name(backends: Sequence[Backend] = ()) -> str | None:
+    """The name of the first active tracker run: the given backends' trackers first, then every
+    registered one (a run is named after its W&B or MLflow run even with ``backends=["local"]``)."""
+    classes: list[type[Backend]] = [type(b) for b in backends]
+    for name in list(_REGISTRY):
+        try:
+            classes.append(backend_class(name))
+        except Exception:
+            continue
+    for cls in dict.fromkeys(classes):
+        try:
+            found = cls.active_run_name()
+        except Exception:
+            found = None
+        if found:
+            return found
+    return None

@@ -1,13 +1,20 @@
-"""Module hooks for activations, inputs and activation gradients, attached only on saved steps.
+"""The watched modules: their parameters, and module hooks for activations, inputs and activation
+gradients, attached only on saved steps.
 
 Outputs of any structure are walked: tensors, tuples, lists, dicts (HuggingFace ``ModelOutput``
 is a dict), dataclasses and ``None``. Names are the module's qualified name plus the path into
 the structure: ``encoder.layers.0`` for a plain tensor, ``attn.0``, ``attn.1`` for a tuple,
 ``model.logits`` for a dict.
 
-Captured tensors are copied at once (``detach().clone()``): an in-place op after the module
-(``ReLU(inplace=True)``) must not change what was captured, and no reference to the user's
-activation outlives the forward call. No attribute is ever set on a user module.
+Captured tensors are handed to the recorder at once, which reduces or copies them: an in-place op
+after the module (``ReLU(inplace=True)``) must not change what was captured, and no reference to
+the user's activation outlives the forward call. No attribute is ever set on a user module.
+
+Which modules' outputs are activations: the leaf modules, and a module none of whose submodules
+ran during its forward (``nn.MultiheadAttention`` computes with its ``out_proj`` parameters
+without calling it, so its output would otherwise never be recorded). Forward calls made while
+autograd runs the backward pass (gradient checkpointing recomputes the forward) are not captured
+again.
 """
 
 from __future__ import annotations
@@ -23,6 +30,22 @@ from torch.utils.hooks import RemovableHandle
 _MAX_DEPTH = 6
 
 OnTensor = Callable[[str, str, str, torch.Tensor], None]  # (kind, module name, tensor name, tensor)
+
+
+def in_backward() -> bool:
+    """Whether autograd is running a backward pass in this thread (a checkpointed forward being
+    recomputed: ``use_reentrant`` either way)."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def compiling() -> bool:
+    """Whether ``torch.compile`` is tracing the caller (``torch.compiler.is_compiling``, torch >= 2.3)."""
+    check = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return bool(check()) if check is not None else False
+
+
+def _skip_call() -> bool:
+    return not compiling() and in_backward()
 
 
 def named_tensors(obj: Any, prefix: str, depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
@@ -51,10 +74,13 @@ class ModuleCapture:
     (``"inputs"``) and, through a tensor hook, output gradient (``"activation_gradients"``).
     """
 
-    def __init__(self, on_tensor: OnTensor) -> None:
+    def __init__(self, on_tensor: OnTensor, on_error: Callable[[str], None] | None = None) -> None:
         self._on_tensor = on_tensor
+        self._on_error = on_error
         self._handles: list[RemovableHandle] = []
         self._grad_handles: list[RemovableHandle] = []
+        self._calls = 0  # forward calls of watched modules so far (composite detection)
+        self._starts: list[int] = []
 
     @property
     def attached(self) -> bool:
@@ -65,25 +91,61 @@ class ModuleCapture:
         outputs: list[tuple[str, nn.Module]],
         inputs: list[tuple[str, nn.Module]],
         output_grads: list[tuple[str, nn.Module]],
+        composites: list[tuple[str, nn.Module]] = (),  # type: ignore[assignment]
+        counted: list[nn.Module] = (),  # type: ignore[assignment]
     ) -> None:
+        """Hooks for ``outputs``, ``inputs`` and ``output_grads``; ``composites`` are non-leaf
+        modules whose output is recorded when none of the ``counted`` modules ran inside them."""
         self.detach()
         grad_names = {name for name, _ in output_grads}
         for name, module in outputs:
-            self._handles.append(module.register_forward_hook(self._output_hook(name, name in grad_names)))
+            self._register(module.register_forward_hook, self._output_hook(name, name in grad_names), name)
         for name, module in output_grads:
             if name not in {n for n, _ in outputs}:
-                self._handles.append(module.register_forward_hook(self._output_hook(name, True, record_output=False)))
+                self._register(module.register_forward_hook, self._output_hook(name, True, record_output=False), name)
         for name, module in inputs:
-            self._handles.append(module.register_forward_pre_hook(self._input_hook(name), with_kwargs=True))
+            self._register(module.register_forward_pre_hook, self._input_hook(name), name, with_kwargs=True)
+        if composites:
+            for module in counted:
+                self._register(module.register_forward_pre_hook, self._count, "")
+            for name, module in composites:
+                self._register(module.register_forward_pre_hook, self._composite_pre, name)
+                self._register(module.register_forward_hook, self._composite_hook(name, name in grad_names), name)
+
+    def _register(self, register: Callable[..., RemovableHandle], hook: Callable[..., Any], name: str, **kwargs: Any) -> None:
+        try:
+            self._handles.append(register(hook, **kwargs))
+        except Exception as err:  # a TorchScript module refuses Python hooks
+            if self._on_error is not None:
+                self._on_error(f"module hooks on {name or 'a module'}: {type(err).__name__}: {err}")
+
+    def _count(self, module: nn.Module, args: Any) -> None:
+        self._calls += 1
+
+    def _composite_pre(self, module: nn.Module, args: Any) -> None:
+        self._starts.append(self._calls)
+
+    def _composite_hook(self, name: str, with_grads: bool) -> Callable[..., None]:
+        record = self._output_hook(name, with_grads)
+
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            start = self._starts.pop() if self._starts else -1
+            if start == self._calls:  # no submodule ran: its output is computed here, record it
+                record(module, args, output)
+
+        return hook
 
     def detach(self) -> None:
         for handle in self._handles + self._grad_handles:
             handle.remove()
         self._handles.clear()
         self._grad_handles.clear()
+        self._starts.clear()
 
     def _output_hook(self, name: str, with_grads: bool, record_output: bool = True) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if _skip_call():
+                return
             for tensor_name, tensor in named_tensors(output, name):
                 if record_output:
                     self._on_tensor("activations", name, tensor_name, tensor)
@@ -100,9 +162,76 @@ class ModuleCapture:
 
     def _input_hook(self, name: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if _skip_call():
+                return
             for tensor_name, tensor in named_tensors(args, name):
                 self._on_tensor("inputs", name, tensor_name, tensor)
             for tensor_name, tensor in named_tensors(kwargs, name):
                 self._on_tensor("inputs", name, tensor_name, tensor)
 
         return hook
+
+
+class ModuleTaps:
+    """The modules a recorder watches (a :class:`~tensorlens.engine.recorder.TensorSource`): it
+    reads their parameters and, on saved steps, captures their activations, inputs and output
+    gradients through :class:`ModuleCapture`.
+
+    >>> taps = ModuleTaps(recorder.capture, recorder.warn_once)   # doctest: +SKIP
+    >>> taps.add_root(model); recorder.add_source(taps)           # doctest: +SKIP
+    """
+
+    def __init__(self, capture: OnTensor, warn: Callable[[str], None] | None = None) -> None:
+        self.roots: list[tuple[str, nn.Module]] = []
+        self._capture = ModuleCapture(capture, warn)
+
+    def add_root(self, module: nn.Module, prefix: str = "") -> bool:
+        """Watch ``module`` under ``prefix``; ``False`` if it is watched already."""
+        if any(m is module for _, m in self.roots):
+            return False
+        if any(p == prefix for p, _ in self.roots):
+            raise ValueError(
+                f"A module is already registered under the name {prefix!r}: pass name=... to register_module "
+                "so the tensors of the two models get distinct names"
+            )
+        self.roots.append((prefix, module))
+        return True
+
+    def parameters(self) -> list[tuple[str, torch.Tensor]]:
+        seen: set[int] = set()
+        out = []
+        for prefix, root in self.roots:
+            for name, param in root.named_parameters():
+                if id(param) in seen:  # tied weights are recorded once
+                    continue
+                seen.add(id(param))
+                out.append((f"{prefix}.{name}" if prefix else name, param))
+        return out
+
+    def attach(self, collections: list[Any]) -> None:
+        """Capture, until :meth:`detach`, the module tensors ``collections`` record: by name for a
+        collection with patterns, the leaf modules (and composites, see the module docstring) for
+        a built-in one, and the modules added with ``add_module_tensors``."""
+        kinds = ("activations", "inputs", "activation_gradients")
+        chosen: dict[str, list[tuple[str, nn.Module]]] = {kind: [] for kind in kinds}
+        composites: list[tuple[str, nn.Module]] = []
+        counted: list[nn.Module] = []
+        for prefix, root in self.roots:
+            for name, module in root.named_modules():
+                full = ".".join(p for p in (prefix, name) if p) or "model"
+                leaf = next(module.children(), None) is None
+                counted.append(module)
+                for kind in kinds:
+                    for c in collections:
+                        if kind not in c.kinds:
+                            continue
+                        if c.holds_module(module, kind, full) or (c.matches(kind, full) if c.patterns else (c.builtin and leaf)):
+                            chosen[kind].append((full, module))
+                            break
+                        if c.builtin and not c.patterns and not leaf and kind == "activations" and module is not root:
+                            composites.append((full, module))
+                            break
+        self._capture.attach(chosen["activations"], chosen["inputs"], chosen["activation_gradients"], composites, counted)
+
+    def detach(self) -> None:
+        self._capture.detach()

@@ -1,6 +1,8 @@
 """``tl.summarize_scalar`` and ``tl.summarize_tensor``: record values from inside ``forward``.
 
 Both are no-ops when no hook is watching (one list lookup), so they can stay in model code.
+Every live recorder registers here when it is created and leaves when it is closed; values go
+to its public ``add_summary``. This module imports nothing of the recorder (no import cycle).
 """
 
 from __future__ import annotations
@@ -12,23 +14,23 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from tensorlens.capture.hook import Hook
+    from tensorlens.engine.recorder import Recorder
 
-_active: list[weakref.ref[Hook]] = []
+_active: list[weakref.ref[Recorder]] = []
 _lock = threading.Lock()
 
 
-def activate(hook: Hook) -> None:
+def activate(hook: Recorder) -> None:
     with _lock:
         _active.append(weakref.ref(hook))
 
 
-def deactivate(hook: Hook) -> None:
+def deactivate(hook: Recorder) -> None:
     with _lock:
         _active[:] = [ref for ref in _active if ref() is not None and ref() is not hook]
 
 
-def _hooks() -> list[Hook]:
+def _hooks() -> list[Recorder]:
     return [hook for hook in (ref() for ref in list(_active)) if hook is not None]
 
 
@@ -43,7 +45,7 @@ def summarize_scalar(name: str, value: float | torch.Tensor) -> None:
     if not _active:
         return
     for hook in _hooks():
-        hook._summary(name, value, is_tensor=False)
+        hook.add_summary(name, value, is_tensor=False)
 
 
 def summarize_tensor(name: str, tensor: torch.Tensor) -> None:
@@ -55,4 +57,4 @@ def summarize_tensor(name: str, tensor: torch.Tensor) -> None:
     if not _active:
         return
     for hook in _hooks():
-        hook._summary(name, tensor, is_tensor=True)
+        hook.add_summary(name, tensor, is_tensor=True)

@@ -60,6 +60,27 @@ class HostStatistics:
     histograms: dict[int, _HostHistogram]
     raw: dict[int, np.ndarray]
 
+    def without(self, indices: set[int]) -> HostStatistics:
+        """These statistics without the jobs at ``indices`` (tensors that could not be summarised)."""
+        keep = [i for i in range(len(self.jobs)) if i not in indices]
+        new = {old: new for new, old in enumerate(keep)}
+        return HostStatistics(
+            [self.jobs[i] for i in keep], self.rows[keep],
+            {new[i]: h for i, h in self.histograms.items() if i in new}, {new[i]: r for i, r in self.raw.items() if i in new},
+        )
+
+    @staticmethod
+    def concat(parts: list[HostStatistics]) -> HostStatistics:
+        """One :class:`HostStatistics` of several computed separately, in order."""
+        jobs, rows, histograms, raw = [], [], {}, {}
+        for part in parts:
+            offset = len(jobs)
+            jobs += part.jobs
+            rows.append(part.rows)
+            histograms.update({offset + i: h for i, h in part.histograms.items()})
+            raw.update({offset + i: r for i, r in part.raw.items()})
+        return HostStatistics(jobs, np.concatenate(rows) if rows else np.zeros((0, len(PARTIALS))), histograms, raw)
+
     def _edges(self) -> dict[int, np.ndarray]:
         """Exact edges of every histogram, found together per (bins, dtype)."""
         groups: dict[tuple[int, np.dtype], list[int]] = {}

@@ -31,19 +31,26 @@ class TensorJob:
     # batch, an FSDP shard) that must be merged; False when every rank holds the same tensor
     # (DDP parameters and their all-reduced gradients), which is then taken as it is.
     partitioned: bool = True
+    # the raw values to save where the pieces cannot give them (a sparse tensor: its dense form)
+    raw: torch.Tensor | None = None
 
 
 @dataclasses.dataclass
 class ReducedPiece:
-    """A tensor reduced where it was captured, by the compiled CPU kernel: its row and its
-    histogram sample stand in for a copy of all its values (activations: no clone held until the
-    optimizer step, one read of the values while they are in cache)."""
+    """A tensor already reduced: its partial row and its histogram sample stand in for its values.
 
-    native_row: np.ndarray  # [len(native.COLUMNS)] float64, as the kernel wrote it
+    Made by the compiled CPU kernel where an activation is captured (no clone held until the
+    optimizer step, one read of the values while they are in cache: ``native_row``), or from a
+    sparse tensor's stored values and implicit zeros (``partial_row``, see
+    :mod:`tensorlens.stats.sparse`).
+    """
+
+    native_row: np.ndarray | None  # [len(native.COLUMNS)] float64, as the kernel wrote it
     sample: torch.Tensor  # the histogram's strided sample, in the compute dtype (empty without one)
     shape: torch.Size
     dtype: torch.dtype  # of the captured tensor
     device: torch.device
+    partial_row: torch.Tensor | None = None  # [len(PARTIALS)] float64, when not the kernel's
 
     def numel(self) -> int:
         return math.prod(self.shape)

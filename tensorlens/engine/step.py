@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -37,8 +37,10 @@ from tensorlens.stats.moments import (
     native_partial_rows,
     needed_columns,
     nonfinite_counts,
+    partial_rows,
     partial_rows_and_samples,
 )
+from tensorlens.stats.sparse import is_sparse, sparse_summary
 
 
 @dataclasses.dataclass
@@ -83,13 +85,14 @@ class StepStatistics:
 
     def _values(self, job: TensorJob) -> torch.Tensor:
         """The job's values, flat in the compute dtype; for a reduced job, its histogram sample."""
-        if len(job.pieces) == 1 and not isinstance(job.pieces[0], ReducedPiece) and job.pieces[0].dtype in _OWN_COMPUTE_DTYPE:
+        if len(job.pieces) == 1 and not isinstance(job.pieces[0], ReducedPiece) and job.pieces[0].dtype in _OWN_COMPUTE_DTYPE \
+                and job.pieces[0].layout == torch.strided:
             return job.pieces[0].detach().reshape(-1)  # the usual parameter or gradient: a flat view
         if any(isinstance(piece, ReducedPiece) for piece in job.pieces):
             return torch.cat([piece.sample for piece in self._reduced_pieces(job)])
         pieces = []
         for piece in job.pieces:
-            piece = piece.detach()
+            piece = _plain(piece.detach())
             if piece.is_complex():
                 if not self._warned_complex:
                     warnings.warn(
@@ -104,6 +107,26 @@ class StepStatistics:
             return pieces[0]
         return torch.cat(pieces)
 
+    def _prepared(self, job: TensorJob) -> TensorJob:
+        """``job`` with its sparse pieces summarised (their stored values and implicit zeros);
+        tensors of other layouts become plain strided tensors in :meth:`_values`."""
+        if not any(isinstance(p, torch.Tensor) and is_sparse(p) for p in job.pieces):
+            return job
+        histogram = job.histogram if job.histogram is not None and job.histogram.enabled and not job.plain_scalar else None
+        pieces: list[torch.Tensor | ReducedPiece] = []
+        for piece in job.pieces:
+            if isinstance(piece, torch.Tensor) and is_sparse(piece):
+                row, sample = sparse_summary(
+                    piece, needed_columns(job.stats), histogram.sample if histogram else None, histogram is not None
+                )
+                pieces.append(ReducedPiece(None, sample, piece.shape, piece.dtype, piece.device, partial_row=row))
+            else:
+                pieces.append(piece)
+        raw = None
+        if job.save_raw:  # the raw tensor asked for is the dense one
+            raw = torch.cat([as_values(_plain(p.to_dense() if is_sparse(p) else p).reshape(-1)) for p in job.pieces])
+        return dataclasses.replace(job, pieces=pieces, raw=raw)
+
     @staticmethod
     def _reduced_pieces(job: TensorJob) -> list[ReducedPiece]:
         """Every piece of a job with a reduced one, reduced (a module whose calls were captured
@@ -113,8 +136,13 @@ class StepStatistics:
             if not isinstance(piece, ReducedPiece):
                 plan = reduce_plan(job.stats, job.histogram)
                 reduced = reduce_now(piece, plan) if plan is not None else None
-                if reduced is None:
-                    raise RuntimeError(f"tensorlens: {job.name!r} mixes reduced and unreducible pieces")
+                if reduced is None:  # e.g. a dense tensor saved next to a sparse one: a partial row of its own
+                    values = as_values(_plain(piece.detach()))
+                    row = partial_rows([values], [needed_columns(job.stats)])[0]
+                    row[[COL["nan_count"], COL["inf_count"]]] = nonfinite_counts(values)
+                    hist = job.histogram
+                    sample = strided_sample(values, hist.sample) if hist is not None and hist.enabled else values.new_empty(0)
+                    reduced = ReducedPiece(None, sample, piece.shape, piece.dtype, piece.device, partial_row=row)
                 piece = reduced
             out.append(piece)
         return out
@@ -123,7 +151,50 @@ class StepStatistics:
         self.host_copies += 1
         return tensor.cpu().numpy()
 
-    def compute(self, jobs: Sequence[TensorJob], reducer: WorkerReducer | None = None) -> HostStatistics:
+    def compute(
+        self, jobs: Sequence[TensorJob], reducer: WorkerReducer | None = None, warn: Callable[[str], None] | None = None
+    ) -> HostStatistics:
+        """Statistics of ``jobs``. A tensor that cannot be summarised costs only itself: it is
+        left out of the result with one warning naming it (``warn``), never the step."""
+        jobs, failed = self._isolate(jobs, warn)
+        if reducer is not None:
+            # every rank must make the same collectives: a failed job keeps its place with an
+            # empty piece, then leaves the result
+            host = self._compute(jobs, reducer)
+        else:
+            try:
+                host = self._compute(jobs, None)
+            except Exception:
+                if len(jobs) - len(failed) < 2:
+                    raise
+                # a batched op failed on one tensor: find it, so the others are still recorded
+                return self._one_by_one([job for i, job in enumerate(jobs) if i not in failed], warn)
+        return host.without(failed) if failed else host
+
+    def _isolate(self, jobs: Sequence[TensorJob], warn: Callable[[str], None] | None) -> tuple[list[TensorJob], set[int]]:
+        """Jobs whose values can be read, prepared; the others replaced by an empty piece."""
+        out, failed = [], set()
+        for i, job in enumerate(jobs):
+            try:
+                job = self._prepared(job)
+                self._values(job)  # raises here, per tensor, for what cannot be read
+                out.append(job)
+            except Exception as err:
+                failed.add(i)
+                _warn(warn, job.name, err)
+                out.append(dataclasses.replace(job, pieces=[torch.empty(0)], save_raw=False, save_shape=False))
+        return out, failed
+
+    def _one_by_one(self, jobs: Sequence[TensorJob], warn: Callable[[str], None] | None) -> HostStatistics:
+        parts = []
+        for job in jobs:
+            try:
+                parts.append(self._compute([job], None))
+            except Exception as err:
+                _warn(warn, job.name, err)
+        return HostStatistics.concat(parts)
+
+    def _compute(self, jobs: Sequence[TensorJob], reducer: WorkerReducer | None) -> HostStatistics:
         metas = [
             _JobMeta(
                 job.name,
@@ -203,7 +274,10 @@ class StepStatistics:
                 host_rows[i, COL["inf_count"]] = extra_rows[j, 1]
             host_hists.update(extra_hists)
 
-        raw = {i: values[i].reshape(_shape_of(job)).cpu().numpy().copy() for i, job in enumerate(jobs) if job.save_raw}
+        raw = {
+            i: (job.raw if job.raw is not None else values[i]).reshape(_shape_of(job)).cpu().numpy().copy()
+            for i, job in enumerate(jobs) if job.save_raw
+        }
         return HostStatistics(metas, host_rows, host_hists, raw)
 
     def _rows(
@@ -217,7 +291,14 @@ class StepStatistics:
         if reduced:
             pieces = [self._reduced_pieces(jobs[i]) for i in reduced]
             # every piece's row converted at once; a module called several times merges its rows
-            piece_rows = torch.from_numpy(native_partial_rows(np.stack([p.native_row for ps in pieces for p in ps])))
+            flat = [p for ps in pieces for p in ps]
+            native_at = [k for k, p in enumerate(flat) if p.partial_row is None]
+            piece_rows = torch.empty((len(flat), len(PARTIALS)), dtype=torch.float64)
+            if native_at:
+                piece_rows[native_at] = torch.from_numpy(native_partial_rows(np.stack([flat[k].native_row for k in native_at])))
+            for k, p in enumerate(flat):
+                if p.partial_row is not None:
+                    piece_rows[k] = p.partial_row.to(torch.float64).cpu()
             starts = np.cumsum([0] + [len(ps) for ps in pieces]).tolist()
             merged = [
                 piece_rows[a] if b - a == 1 else merge_partials(piece_rows[a:b])
@@ -390,3 +471,28 @@ def _shape_of(job: TensorJob) -> tuple[int, ...]:
     if len(job.pieces) == 1:
         return tuple(job.pieces[0].shape)
     return (sum(p.numel() for p in job.pieces),)
+
+
+def _warn(warn: Callable[[str], None] | None, name: str, err: Exception) -> None:
+    message = f"could not summarise {name}: {type(err).__name__}: {err} (left out of the record; the other tensors are recorded)"
+    if warn is not None:
+        warn(message)
+    else:
+        warnings.warn(f"tensorlens: {message}", stacklevel=3)
+
+
+def _plain(tensor: torch.Tensor) -> torch.Tensor:
+    """A strided tensor of plain values: quantized dequantized, nested flattened, mkldnn densified,
+    lazy conjugation and negation resolved. Meta tensors hold no values: an error."""
+    if tensor.device.type == "meta":
+        raise ValueError("a meta tensor holds no values")
+    if tensor.is_quantized:
+        tensor = tensor.dequantize()
+    if tensor.is_nested:
+        parts = tensor.unbind()
+        tensor = torch.cat([p.reshape(-1) for p in parts]) if parts else tensor.new_empty(0)
+    if tensor.layout == torch._mkldnn:  # type: ignore[attr-defined]
+        tensor = tensor.to_dense()
+    if tensor.layout != torch.strided:
+        raise ValueError(f"tensors of layout {tensor.layout} are not supported")
+    return tensor.resolve_conj().resolve_neg()

@@ -28,47 +28,11 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from tensorlens.stats import native
+from tensorlens.stats import native, registry
 
-#: Columns of a partial row, in order. NaN where a column was not requested.
-PARTIALS = (
-    "count",  # number of values
-    "sum",
-    "sumsq",  # sum of squares (l2 ** 2)
-    "m2",  # sum of squared deviations from the mean
-    "l1",  # sum of |x|
-    "min",
-    "max",
-    "abs_min",
-    "abs_m2",  # sum of squared deviations of |x| from mean(|x|)
-    "prod",
-    "median",  # not mergeable
-    "abs_median",  # not mergeable
-    "nan_count",
-    "inf_count",
-    "zero_count",
-)
+#: Columns of a partial row, in order (declared with their merge rules in :mod:`tensorlens.stats.registry`).
+PARTIALS = tuple(column.name for column in registry.COLUMNS)
 COL = {name: i for i, name in enumerate(PARTIALS)}
-
-#: Which partial columns each statistic needs beyond count/sum/min/max (always computed).
-_NEEDS = {
-    "std": ("m2",),
-    "variance": ("m2",),
-    "l2": ("sumsq",),
-    "l1": ("l1",),
-    "prod": ("prod",),
-    "median": ("median",),
-    "abs_mean": ("l1",),
-    "abs_sum": ("l1",),
-    "abs_l1": ("l1",),
-    "abs_l2": ("sumsq",),
-    "abs_min": ("abs_min",),
-    "abs_std": ("l1", "abs_m2"),
-    "abs_variance": ("l1", "abs_m2"),
-    "abs_prod": ("prod",),
-    "abs_median": ("abs_median",),
-    "zero_fraction": ("zero_count",),
-}
 
 
 def needed_columns(stat_names: tuple[str, ...] | list[str]) -> frozenset[str]:
@@ -78,10 +42,7 @@ def needed_columns(stat_names: tuple[str, ...] | list[str]) -> frozenset[str]:
 
 @functools.lru_cache(maxsize=256)  # asked for every tensor of every saved step, with a few distinct configs
 def _needed_columns(stat_names: tuple[str, ...]) -> frozenset[str]:
-    cols = {"count", "sum", "min", "max", "nan_count", "inf_count"}
-    for name in stat_names:
-        cols.update(_NEEDS.get(name, ()))
-    return frozenset(cols)
+    return registry.needed_columns(stat_names)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -393,7 +354,8 @@ def nonfinite_counts(values: torch.Tensor) -> torch.Tensor:
 
 
 def merge_partials(rows: torch.Tensor) -> torch.Tensor:
-    """Merge partial rows ``[..., W, len(PARTIALS)]`` of disjoint pieces into ``[..., len(PARTIALS)]``.
+    """Merge partial rows ``[..., W, len(PARTIALS)]`` of disjoint pieces into ``[..., len(PARTIALS)]``,
+    each column by its rule in :mod:`tensorlens.stats.registry`.
 
     Exact for every column but the medians, which become NaN when more than one non-empty piece
     is merged (a median cannot be merged from summaries; the caller may estimate it from the
@@ -403,31 +365,32 @@ def merge_partials(rows: torch.Tensor) -> torch.Tensor:
     c = rows[..., COL["count"]]
     n = c.sum(-1)
     out = torch.full(rows.shape[:-2] + (len(PARTIALS),), math.nan, dtype=torch.float64, device=rows.device)
-    out[..., COL["count"]] = n
-    for name in ("sum", "sumsq", "l1", "nan_count", "inf_count", "zero_count"):
-        out[..., COL[name]] = rows[..., COL[name]].sum(-1)
     present = c > 0
     inf = torch.tensor(math.inf, dtype=torch.float64, device=rows.device)
-    for name, reduce, fill in (("min", torch.amin, inf), ("max", torch.amax, -inf), ("abs_min", torch.amin, inf)):
-        col = torch.where(present, rows[..., COL[name]], fill)
-        merged = reduce(col, -1)
-        out[..., COL[name]] = torch.where(n > 0, merged, torch.full_like(merged, math.nan))
-    out[..., COL["prod"]] = rows[..., COL["prod"]].prod(-1)
-
-    def _merged_m2(total_col: str, m2_col: str) -> torch.Tensor:
-        # sum_i M2_i + sum_i c_i (mean_i - mean)^2: the pairwise Chan update applied to all pieces at once
-        mean_i = torch.where(present, rows[..., COL[total_col]] / c.clamp(min=1), torch.zeros_like(c))
-        mean = out[..., COL[total_col]] / n.clamp(min=1)
-        spread = torch.where(present, c * (mean_i - mean.unsqueeze(-1)) ** 2, torch.zeros_like(c))
-        m2_i = torch.where(present, rows[..., COL[m2_col]], torch.zeros_like(c))
-        return m2_i.sum(-1) + spread.sum(-1)
-
-    out[..., COL["m2"]] = _merged_m2("sum", "m2")
-    out[..., COL["abs_m2"]] = _merged_m2("l1", "abs_m2")
-    single = present.sum(-1) <= 1
-    for name in ("median", "abs_median"):
-        pick = torch.where(present, rows[..., COL[name]], torch.zeros_like(c)).sum(-1)
-        out[..., COL[name]] = torch.where(single & (n > 0), pick, torch.full_like(pick, math.nan))
+    zeros = torch.zeros_like(c)
+    for column in registry.COLUMNS:
+        col = rows[..., COL[column.name]]
+        if column.merge == "sum":
+            out[..., COL[column.name]] = col.sum(-1)
+        elif column.merge == "prod":
+            out[..., COL[column.name]] = col.prod(-1)
+        elif column.merge in ("min", "max"):
+            reduce, fill = (torch.amin, inf) if column.merge == "min" else (torch.amax, -inf)
+            merged = reduce(torch.where(present, col, fill), -1)
+            out[..., COL[column.name]] = torch.where(n > 0, merged, torch.full_like(merged, math.nan))
+        elif column.merge == "single":
+            pick = torch.where(present, col, zeros).sum(-1)
+            single = present.sum(-1) <= 1
+            out[..., COL[column.name]] = torch.where(single & (n > 0), pick, torch.full_like(pick, math.nan))
+    for column in registry.COLUMNS:
+        if column.merge.startswith("m2:"):
+            # sum_i M2_i + sum_i c_i (mean_i - mean)^2: Chan's pairwise update applied to all pieces at once
+            total = column.merge.split(":", 1)[1]
+            mean_i = torch.where(present, rows[..., COL[total]] / c.clamp(min=1), zeros)
+            mean = out[..., COL[total]] / n.clamp(min=1)
+            spread = torch.where(present, c * (mean_i - mean.unsqueeze(-1)) ** 2, zeros)
+            m2_i = torch.where(present, rows[..., COL[column.name]], zeros)
+            out[..., COL[column.name]] = m2_i.sum(-1) + spread.sum(-1)
     return out
 
 
@@ -438,53 +401,11 @@ def finalize(row: np.ndarray, stat_names: tuple[str, ...] | list[str]) -> dict[s
 
 
 def finalize_rows(rows: np.ndarray) -> dict[str, np.ndarray]:
-    """Every named statistic of every partial row ``[N, len(PARTIALS)]``, as arrays ``[N]``.
+    """Every declared statistic (:mod:`tensorlens.stats.registry`) of every partial row
+    ``[N, len(PARTIALS)]``, as arrays ``[N]``.
 
     Vectorised: the dispatcher thread turns a whole step into statistics in a few numpy calls
     instead of a Python loop per tensor, so it holds the GIL (which the training thread needs
     between any two torch ops) for as short a time as possible.
     """
-    p = {name: rows[:, i] for i, name in enumerate(PARTIALS)}
-    n = p["count"]
-    empty = n == 0
-    nan = np.float64(math.nan)
-    with np.errstate(all="ignore"):
-        safe_n = np.where(empty, 1.0, n)
-        mean = np.where(empty, nan, p["sum"] / safe_n)
-        abs_mean = np.where(empty, nan, p["l1"] / safe_n)
-        # an empty tensor has norm 0 (numpy), a NaN bound makes it NaN
-        linf = np.where(empty, 0.0, np.where(np.isnan(p["min"]) | np.isnan(p["max"]), nan,
-                                             np.fmax(np.abs(p["min"]), np.abs(p["max"]))))
-        variance = np.where(empty, nan, np.maximum(p["m2"] / safe_n, 0.0))  # NaN m2 stays NaN
-        abs_variance = np.where(empty, nan, np.maximum(p["abs_m2"] / safe_n, 0.0))
-        l2 = np.sqrt(np.maximum(p["sumsq"], 0.0))
-        # numpy: a NaN makes every norm NaN, an Inf (without NaN) makes it Inf
-        l2 = np.where(p["nan_count"] > 0, nan, np.where(p["inf_count"] > 0, np.inf, l2))
-        return {
-            "numel": n,
-            "nan_count": p["nan_count"],
-            "inf_count": p["inf_count"],
-            "min": p["min"],
-            "max": p["max"],
-            "sum": p["sum"],
-            "mean": mean,
-            "variance": variance,
-            "std": np.sqrt(variance),
-            "prod": p["prod"],
-            "median": p["median"],
-            "l1": p["l1"],
-            "l2": l2,
-            "linf": linf,
-            "abs_min": p["abs_min"],
-            "abs_max": linf,
-            "abs_sum": p["l1"],
-            "abs_mean": abs_mean,
-            "abs_variance": abs_variance,
-            "abs_std": np.sqrt(abs_variance),
-            "abs_prod": np.abs(p["prod"]),
-            "abs_median": p["abs_median"],
-            "abs_l1": p["l1"],
-            "abs_l2": l2,
-            "abs_linf": linf,
-            "zero_fraction": np.where(empty, nan, p["zero_count"] / safe_n),
-        }
+    return registry.finalize_all({name: rows[:, i] for i, name in enumerate(PARTIALS)})

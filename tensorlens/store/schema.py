@@ -23,6 +23,7 @@ import sqlite3
 
 import numpy as np
 
+from tensorlens.modes import ModeKeys
 from tensorlens.records import HISTOGRAM_INFO, HISTOGRAM_INTEGER_INFO
 
 # 3: one row per step for all scalars and one for all histograms, packed as arrays, with the
@@ -115,3 +116,20 @@ def store_files(run_dir: str) -> list[str]:
     names = sorted(n for n in os.listdir(run_dir) if FILE_PATTERN.match(n))
     names.sort(key=lambda n: n != "tensorlens.sqlite")
     return [os.path.join(run_dir, n) for n in names]
+
+
+def last_steps(path: str) -> dict[ModeKeys, int]:
+    """The last stored step of each mode in one store file: the global step for train, the mode
+    step otherwise (a resumed run goes on after them). Empty for a new or empty file."""
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return {}
+    db = connect(path, readonly=True)
+    try:
+        rows = db.execute(
+            "SELECT mode, MAX(CASE WHEN mode = 'train' THEN step ELSE mode_step END) FROM steps GROUP BY mode"
+        ).fetchall()
+    except sqlite3.DatabaseError:
+        return {}
+    finally:
+        db.close()
+    return {ModeKeys(mode): int(last) for mode, last in rows if mode in {m.value for m in ModeKeys}}

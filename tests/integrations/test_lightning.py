@@ -485,7 +485,8 @@ def test_several_optimizers_fail_early(tmp_path: Any) -> None:
     model = make_model(ns, optimizers=2)
     with pytest.raises(RuntimeError, match="supports one optimizer, but the LightningModule configured 2"):
         trainer(ns, tmp_path, max_steps=1, callbacks=[callback]).fit(model, loader())
-    assert callback.hook.closed  # closed on the exception, nothing left attached
+    # the check runs before anything is recorded: no recorder, no run folder, nothing attached
+    assert callback.hook is None and not os.path.exists(tmp_path / "run")
 
 
 # ---------------------------------------------------------------------------------------- DDP

@@ -153,13 +153,12 @@ def test_other_writers_get_the_public_calls_with_the_same_result(tmp_path) -> No
 
 
 def test_nan_inf_and_fixed_range_histograms(tmp_path) -> None:
-    hook = tl.Hook(
+    hook = tl.Recorder(
         out_dir=tmp_path / "run",
         backends=[TensorBoardBackend(log_dir=tmp_path / "tb", prefix="")],
         histogram_config=tl.HistogramConfig(bins=4, range=(-1.0, 1.0)),
         include_collections=["summaries"],
         save_config=tl.SaveConfig(save_interval=1),
-        auto_step=False,
     )
     values = torch.tensor([-3.0, -0.9, 0.1, 0.2, 0.95, 2.0, 5.0, float("nan"), float("inf")])
     hook.save_tensor("x", values)

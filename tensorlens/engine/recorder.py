@@ -1,0 +1,697 @@
+"""The recorder: steps and modes, the save schedule, what was captured, and one record per saved step.
+
+It knows nothing of module hooks, optimizer hooks or Lightning. Its drivers (the :class:`Hook`,
+the Lightning and Hugging Face callbacks) tell it where steps begin and end through its public
+API; sources (the watched modules) give it parameters and attach captures on saved steps:
+
+- ``begin_step(mode)``: a step of ``mode`` begins; on a saved step the sources attach their
+  captures (train: call it before every micro-batch; eval/predict: one mode step per call);
+- ``prepare_step(optimizer)``: read weights, gradients and what was captured, just before the
+  optimizer updates (gradients are accumulated, unscaled);
+- ``step()``: close the train step (updates, after the optimizer) and advance the counters;
+- ``end_step()``: close an eval/predict step.
+
+Statistics of a saved step are computed on the tensors' device in a few batched kernels, copied
+to the host once and handed to the dispatcher, whose thread builds the step's one record.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from tensorlens._checks import expected
+from tensorlens.backends.base import Backend, RunInfo, active_run_name, resolve_backends
+from tensorlens.capture import summaries
+from tensorlens.collection import DEFAULT_KINDS, MODULE_KINDS, PARAMETER_KINDS, Collection, Kind, parameter_kind
+from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig
+from tensorlens.dispatch import BackendStats, Dispatcher
+from tensorlens.engine.assemble import HostStatistics, PendingStep, build_record
+from tensorlens.engine.jobs import ReducedPiece, TensorJob, reduce_now
+from tensorlens.engine.pending import PendingCaptures
+from tensorlens.engine.plan import Planner
+from tensorlens.engine.step import StepStatistics
+from tensorlens.modes import ModeKeys
+from tensorlens.records import ScalarEntry
+from tensorlens.stats import native
+from tensorlens.store import runs
+from tensorlens.store.schema import last_steps, store_filename
+
+WORKER_MODES = ("reduce", "one", "all")
+#: Captured tensors of at least this many values are reduced in the hook (see Recorder.capture).
+REDUCE_WHEN_CAPTURED = 1 << 17
+
+
+class TensorSource(Protocol):
+    """What the recorder reads parameters from and asks to capture module tensors on saved steps
+    (:class:`tensorlens.capture.modules.ModuleTaps` for ``nn.Module`` roots)."""
+
+    def parameters(self) -> list[tuple[str, torch.Tensor]]: ...
+
+    def attach(self, collections: list[Collection]) -> None: ...
+
+    def detach(self) -> None: ...
+
+
+def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a callback of a driver so that no error of ours can take the training step down."""
+
+    @functools.wraps(fn)
+    def wrapper(self: Recorder, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, *args, **kwargs)
+        except Exception as err:
+            self.warn_once(f"{fn.__name__}: {type(err).__name__}: {err}")
+            return None
+
+    return wrapper
+
+
+class Recorder:
+    """Records statistics of the tensors its sources and callers give it, one record per saved step.
+
+    Most users want :func:`tensorlens.watch` or :class:`tensorlens.Hook` (a recorder driven by
+    module and optimizer hooks); a framework callback drives a recorder directly.
+
+    >>> rec = Recorder(out_dir="runs/exp1", save_config=SaveConfig(save_interval=1))  # doctest: +SKIP
+    >>> rec.save_scalar("lr", 0.1); rec.step(); rec.close()                            # doctest: +SKIP
+
+    Args: see :class:`tensorlens.Hook`.
+    """
+
+    def __init__(
+        self,
+        out_dir: str | Any | None = None,
+        save_config: SaveConfig | None = None,
+        reduction_config: ReductionConfig | None = None,
+        histogram_config: HistogramConfig | None = None,
+        include_collections: Iterable[str] | None = None,
+        include_regex: Iterable[str] | str | None = None,
+        backends: str | Sequence[str | Backend | type[Backend]] = "auto",
+        run_name: str | None = None,
+        include_workers: str = "reduce",
+        max_pending_steps: int = 64,
+        resume: str = "never",
+    ) -> None:
+        if save_config is not None and not isinstance(save_config, SaveConfig):
+            raise expected("save_config", "a tl.SaveConfig", save_config)
+        if reduction_config is not None and not isinstance(reduction_config, ReductionConfig):
+            raise expected("reduction_config", "a tl.ReductionConfig", reduction_config)
+        if histogram_config is not None and not isinstance(histogram_config, HistogramConfig):
+            raise expected("histogram_config", "a tl.HistogramConfig", histogram_config)
+        if include_workers not in WORKER_MODES:
+            raise expected("include_workers", f"one of {list(WORKER_MODES)}", include_workers)
+        if isinstance(max_pending_steps, bool) or not isinstance(max_pending_steps, int) or max_pending_steps < 1:
+            raise expected("max_pending_steps", "an integer >= 1", max_pending_steps)
+        if run_name is not None and (not isinstance(run_name, str) or not run_name):
+            raise expected("run_name", "None or a non-empty string", run_name)
+        if out_dir is not None and not isinstance(out_dir, (str, bytes)) and not hasattr(out_dir, "__fspath__"):
+            raise expected("out_dir", "None or a path", out_dir)
+        runs.check_resume(resume)
+
+        self.planner = Planner(
+            save_config or SaveConfig(),
+            reduction_config,
+            histogram_config or HistogramConfig(),
+            DEFAULT_KINDS if include_collections is None else _names_list("include_collections", include_collections),
+            include_regex,
+        )
+        self.include_workers = include_workers
+        self.rank, self.world_size = _distributed_rank()
+        self.worker = "reduced" if self.world_size > 1 and include_workers == "reduce" else f"worker_{self.rank}"
+        self._reducer: Any = None
+        if self.world_size > 1 and include_workers == "reduce":
+            from tensorlens.engine.distributed import CollectiveReducer
+
+            self._reducer = CollectiveReducer()
+
+        self._backends = resolve_backends(backends, self.rank)
+        self.run_name, self.run_dir, self.resumed = self._run_location(out_dir, run_name, resume)
+        run = RunInfo(self.run_name, self.run_dir, self.rank, self.world_size, {"include_workers": include_workers})
+        self._dispatcher = Dispatcher(self._backends, run, max_pending=max_pending_steps, build=build_record)
+
+        self.global_step = 0  # optimizer steps taken (Lightning's global_step)
+        self._mode_steps = dict.fromkeys(ModeKeys, 0)
+        if self.resumed:
+            self._continue_stored_steps()
+        self._explicit_mode: ModeKeys | None = None
+        self._mode = ModeKeys.TRAIN
+        self._open_eval: ModeKeys | None = None  # an eval/predict step that has begun
+        self._sources: list[TensorSource] = []
+        self._attached = False
+        self._pending = PendingCaptures()
+        self._pre_step: tuple[HostStatistics, list[ScalarEntry]] | None = None
+        self._update_snapshot: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+        self._engine = StepStatistics()
+        native.prepare()  # compile the CPU kernel off the training thread, before the first saved step
+        self._warned: set[str] = set()
+        self._closed = False
+        self._paused = False
+        summaries.activate(self)
+
+    # ------------------------------------------------------------------ run location
+
+    def _run_location(self, out_dir: Any, run_name: str | None, resume: str) -> tuple[str, str, bool]:
+        """``(run name, run folder, resumed)``. Rank 0 (or the only process) claims the folder;
+        under ``torch.distributed`` every rank takes rank 0's, and a rank that writes a store of
+        its own (``include_workers="all"``) claims its own file in it."""
+        import os
+
+        derived = run_name is None and out_dir is None
+        name = run_name or active_run_name(self._backends) or runs.default_run_name()
+        wanted = os.path.abspath(os.fspath(out_dir)) if out_dir is not None else os.path.abspath(
+            os.path.join(runs.DEFAULT_RUNS_DIR, runs.folder_name(name))
+        )
+        run_dir, resumed = wanted, False
+        if self.rank == 0:
+            run_dir, resumed = runs.claim_store(wanted, self._store_file(), resume, derived)
+            if run_dir != wanted:  # a derived name that was taken: "<name>-2", ...
+                name += run_dir[len(wanted):]
+        if self.world_size > 1:
+            from tensorlens.engine.distributed import broadcast_run
+
+            name, run_dir = broadcast_run(name, run_dir)
+            if self.rank != 0 and self.include_workers == "all":
+                run_dir, resumed = runs.claim_store(run_dir, self._store_file(), "allow" if resume == "never" else resume, False)
+        return name, run_dir, resumed
+
+    def _store_file(self) -> str:
+        return store_filename(f"worker_{self.rank}", primary=self.rank == 0)
+
+    def _continue_stored_steps(self) -> None:
+        """A resumed run goes on after its last stored steps, so nothing stored is overwritten;
+        ``set_step`` sets the true step (the Lightning callback does it from the trainer)."""
+        import os
+
+        found = last_steps(os.path.join(self.run_dir, self._store_file()))
+        if ModeKeys.TRAIN in found:
+            self.global_step = found[ModeKeys.TRAIN] + 1
+        for mode, last in found.items():
+            self._mode_steps[mode] = last + 1
+        self._mode_steps[ModeKeys.TRAIN] = self.global_step
+
+    # ------------------------------------------------------------------ configuration
+
+    @property
+    def save_config(self) -> SaveConfig:
+        return self.planner.save_config
+
+    @property
+    def reduction_config(self) -> ReductionConfig | None:
+        return self.planner.reduction_config
+
+    @property
+    def histogram_config(self) -> HistogramConfig:
+        return self.planner.histogram_config
+
+    def get_collection(self, name: str) -> Collection:
+        """The collection called ``name``, created (as a custom collection) if new.
+
+        Configuring a collection (``include``) enables it; built-ins are also enabled through
+        ``include_collections``.
+        """
+        return self.planner.get_collection(name)
+
+    def add_collection(self, collection: Collection) -> Collection:
+        """Add (and enable) a collection built by hand."""
+        return self.planner.add_collection(collection)
+
+    @property
+    def collections(self) -> dict[str, Collection]:
+        return self.planner.collections
+
+    def enabled_collections(self) -> list[str]:
+        return self.planner.enabled_collections()
+
+    def pause(self) -> None:
+        """Ignore summaries, losses and module captures until :meth:`unpause` (Lightning's
+        sanity-check batches, which its loggers do not record either)."""
+        self._paused = True
+
+    def unpause(self) -> None:
+        self._paused = False
+
+    def add_source(self, source: TensorSource) -> None:
+        """Read parameters from ``source`` and let it capture module tensors on saved steps."""
+        self._check_open("add a source")
+        self._sources.append(source)
+
+    def set_mode(self, mode: ModeKeys | str | None) -> None:
+        """Fix the mode (``tl.modes.TRAIN``, ``EVAL``, ``PREDICT``, ``GLOBAL``); ``None`` follows
+        ``module.training`` again."""
+        self._check_open("set the mode")
+        new = None if mode is None else ModeKeys.coerce(mode)
+        if self._open_eval is not None and new != self._open_eval:
+            self._close_eval_step()
+        self._explicit_mode = new
+        if new is not None:
+            self._mode = new
+
+    @property
+    def mode(self) -> ModeKeys:
+        return self._mode
+
+    @property
+    def explicit_mode(self) -> ModeKeys | None:
+        """The mode fixed by :meth:`set_mode`, or ``None`` when it follows the model."""
+        return self._explicit_mode
+
+    def mode_step(self, mode: ModeKeys | str | None = None) -> int:
+        return self._mode_steps[ModeKeys.coerce(mode or self._mode)]
+
+    def set_step(self, global_step: int, mode_steps: dict[ModeKeys | str, int] | None = None) -> None:
+        """Set the step counters, e.g. to continue from a resumed trainer's ``global_step``.
+
+        The train mode step follows ``global_step``; ``mode_steps`` sets other modes' counters.
+        """
+        if isinstance(global_step, bool) or not isinstance(global_step, int) or global_step < 0:
+            raise expected("global_step", "an integer >= 0", global_step)
+        self.global_step = global_step
+        self._mode_steps[ModeKeys.TRAIN] = global_step
+        for mode, value in (mode_steps or {}).items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise expected(f"mode_steps[{mode!r}]", "an integer >= 0", value)
+            self._mode_steps[ModeKeys.coerce(mode)] = value
+
+    def will_save(self, collection: str, mode: ModeKeys | str | None = None) -> bool:
+        """Whether ``collection`` is enabled and saves the current step of ``mode``."""
+        mode = ModeKeys.coerce(mode) if mode is not None else self._mode
+        return collection in self._saving(mode)
+
+    def _saving(self, mode: ModeKeys) -> frozenset[str]:
+        if self.world_size > 1 and self.include_workers == "one" and self.rank != 0:
+            return frozenset()  # "one": ranks other than 0 capture and compute nothing
+        return self.planner.saving(mode, self._mode_steps[mode])
+
+    # ------------------------------------------------------------------ values from the caller
+
+    def save_scalar(self, name: str, value: float | int | torch.Tensor) -> None:
+        """Record a number under ``scalars/<name>`` in the current step's record, when the
+        ``scalars`` collection saves the step (its own save config, else the recorder's)."""
+        self._check_open("save a scalar")
+        if not isinstance(name, str) or not name:
+            raise expected("name", "a non-empty string", name)
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise expected("value", "a number or a one-element tensor", f"a tensor of shape {tuple(value.shape)}")
+            value = value.detach().reshape(()).clone()
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = float(value)
+        else:
+            raise expected("value", "a number or a one-element tensor", value)
+        if self.planner.saves(Kind.SCALARS, self._mode, self._mode_steps[self._mode]):
+            self._pending.add_scalar(self._mode, Kind.SCALARS, name, value)
+
+    def save_tensor(self, name: str, tensor: torch.Tensor, collections_to_write: str | Iterable[str] = "default") -> None:
+        """Record statistics of ``tensor`` in the current step under each of
+        ``collections_to_write``, on the steps each of those collections saves (SageMaker
+        Debugger's semantics; ``"default"`` is the ``summaries`` collection)."""
+        self._check_open("save a tensor")
+        if not isinstance(tensor, torch.Tensor):
+            raise expected("tensor", "a torch.Tensor", tensor)
+        if not isinstance(name, str) or not name:
+            raise expected("name", "a non-empty string", name)
+        names = [collections_to_write] if isinstance(collections_to_write, str) else list(collections_to_write)
+        copy = None
+        for collection in names:
+            if collection == "default":
+                collection = Kind.SUMMARIES.value
+            self.planner.ensure_collection(collection)
+            if self.planner.saves(collection, self._mode, self._mode_steps[self._mode]):
+                copy = tensor.detach().clone() if copy is None else copy
+                self._pending.add_explicit(self._mode, collection, name, copy)
+
+    def add_loss(self, name: str, value: Any) -> None:
+        """A loss value of the current step (a registered loss module's output): recorded under
+        ``losses/<name>`` on saved steps, the mean when given several times in a step."""
+        if self._closed or self._paused or not isinstance(value, torch.Tensor):
+            return
+        # traced by torch.compile: keep the value whatever the step (the step boundary drops it on
+        # unsaved steps); reading the step counters here would recompile the graph every step
+        if not _compiling() and Kind.LOSSES not in self._saving(self._mode):
+            return
+        value = value.detach()
+        self._pending.add_scalar(
+            self._mode, Kind.LOSSES, name, value.float().mean() if value.numel() != 1 else value.reshape(()).clone()
+        )
+
+    def add_summary(self, name: str, value: Any, is_tensor: bool) -> None:
+        """``tl.summarize_scalar`` / ``tl.summarize_tensor`` land here (from inside ``forward``)."""
+        try:
+            if self._closed or self._paused or (not _compiling() and Kind.SUMMARIES not in self._saving(self._mode)):
+                return
+            if is_tensor:
+                if not isinstance(value, torch.Tensor):
+                    raise expected("tensor", "a torch.Tensor", value)
+                self._pending.add_tensor(self._mode, Kind.SUMMARIES, None, name, value.detach().clone())
+            else:
+                if isinstance(value, torch.Tensor):
+                    value = value.detach().float().mean() if value.numel() != 1 else value.detach().reshape(()).clone()
+                elif not isinstance(value, (int, float)) or isinstance(value, bool):
+                    raise expected("value", "a number or a tensor", value)
+                self._pending.add_scalar(self._mode, Kind.SUMMARIES, name, value)
+        except Exception as err:
+            self.warn_once(f"summarize {name!r}: {type(err).__name__}: {err}")
+
+    def capture(self, kind: str, module_name: str, name: str, tensor: torch.Tensor) -> None:
+        """A module tensor captured on a saved step (by a source's hooks). Large CPU tensors are
+        reduced at once where every job that will record them can use the result, so no copy is
+        held until the step ends and the values are read while in cache; the others are copied
+        (an in-place op after the module must not change what was captured)."""
+        if self._paused:
+            return
+        try:
+            piece = self._reduce_captured(kind, module_name, tensor)
+            self._pending.add_tensor(self._mode, kind, module_name, name, piece if piece is not None else tensor.detach().clone())
+        except Exception as err:
+            self.warn_once(f"capturing {kind}/{name}: {type(err).__name__}: {err}")
+
+    def _reduce_captured(self, kind: str, module_name: str, tensor: torch.Tensor) -> ReducedPiece | None:
+        if _compiling() or tensor.device.type != "cpu" or tensor.layout != torch.strided or tensor.numel() < REDUCE_WHEN_CAPTURED:
+            return None
+        plan = self.planner.capture_plan(self._mode, kind, module_name, self._saving(self._mode))
+        return reduce_now(tensor, plan) if plan is not None else None
+
+    # ------------------------------------------------------------------ step boundaries
+
+    @guarded
+    def begin_step(self, mode: ModeKeys | str | None = None) -> None:
+        """A step of ``mode`` (default: the current mode) begins: on a saved step the sources
+        attach their captures. In eval/predict mode it opens a mode step, closed by
+        :meth:`end_step` or the next :meth:`begin_step`; in train mode call it before each
+        micro-batch, and :meth:`prepare_step` / :meth:`step` close the train step."""
+        self._check_open("begin a step")
+        mode = ModeKeys.coerce(mode) if mode is not None else (self._explicit_mode or self._mode)
+        if self._open_eval is not None:
+            self._close_eval_step()  # the next step begins: the previous eval step is complete
+        self._mode = mode
+        if mode in (ModeKeys.EVAL, ModeKeys.PREDICT):
+            self._open_eval = mode
+        module_collections = self.planner.with_kinds(self._saving(mode), MODULE_KINDS)
+        if module_collections and not self._attached:
+            for source in self._sources:
+                source.attach(module_collections)
+            self._attached = True
+
+    @guarded
+    def end_step(self) -> None:
+        """Close the eval/predict step opened by :meth:`begin_step` (a no-op in train mode)."""
+        if self._open_eval is not None:
+            self._close_eval_step()
+
+    @guarded
+    def prepare_step(self, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Read weights, gradients and what was captured, just before the optimizer updates
+        (``optimizer``, when given, also gives the ``optimizer`` collection its settings)."""
+        self._check_open("prepare a step")
+        if self._open_eval is not None:
+            self._close_eval_step()
+        mode = self._train_mode()
+        self._mode = mode
+        saving = self._saving(mode)
+        jobs = self._parameter_jobs(saving) + self._pending_jobs(saving, mode)
+        host_scalars = self._optimizer_scalars(optimizer, saving)
+        self._pre_step = (self._compute(jobs, saving), host_scalars)
+        if self.planner.with_kinds(saving, (Kind.UPDATES,)):
+            self._update_snapshot = [
+                (name, p, _piece(p)[0].detach().clone()) for name, p in self._parameters()
+                if self.planner.collections_for(Kind.UPDATES, name, saving)
+            ]
+
+    def step(self) -> None:
+        """Close the current train step (records it if it is saved) and advance the step counter."""
+        self._check_open("close a step")
+        if self._pre_step is None:
+            self.prepare_step(None)
+        self._finish_train_step()
+
+    def _train_mode(self) -> ModeKeys:
+        return self._explicit_mode if self._explicit_mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL) else ModeKeys.TRAIN
+
+    def _parameters(self) -> list[tuple[str, torch.Tensor]]:
+        seen: set[int] = set()
+        out = []
+        for source in self._sources:
+            for name, param in source.parameters():
+                if id(param) not in seen:  # tied weights are recorded once
+                    seen.add(id(param))
+                    out.append((name, param))
+        return out
+
+    def _parameter_jobs(self, saving: frozenset[str]) -> list[TensorJob]:
+        jobs: list[TensorJob] = []
+        if not self.planner.with_kinds(saving, PARAMETER_KINDS):
+            return jobs
+        for name, param in self._parameters():
+            # DDP: replicated, taken as they are; FSDP2: this rank's shard, merged across ranks
+            kind = parameter_kind(name)
+            local, sharded = _piece(param)
+            for c in self.planner.collections_for(kind, name, saving):
+                jobs.append(self.planner.job(c, kind, name, [local], partitioned=sharded))
+            grad = param.grad
+            if grad is not None:
+                local_grad, grad_sharded = _piece(grad)
+                for c in self.planner.collections_for(Kind.GRADIENTS, name, saving):
+                    jobs.append(self.planner.job(c, Kind.GRADIENTS, name, [local_grad], partitioned=grad_sharded))
+        return jobs
+
+    def _pending_jobs(self, saving: frozenset[str], mode: ModeKeys) -> list[TensorJob]:
+        """Jobs for everything captured in ``mode`` since its last boundary; forgets those."""
+        jobs = []
+        for (kind, name), pieces in self._pending.take_tensors(mode).items():
+            # module captures were chosen by module name: match the collections the same way
+            match_name = self._pending.module_of.get(name, name) if kind in MODULE_KINDS else name
+            for c in self.planner.collections_for(kind, match_name, saving):
+                jobs.append(self.planner.job(c, kind, name, pieces))
+        for (kind, name), values in self._pending.take_scalars(mode).items():
+            collection = self.planner.collection(kind)
+            # save_scalar values were kept only on steps their collection saves
+            if kind != Kind.SCALARS and collection.name not in saving:
+                continue
+            tensors = [v if isinstance(v, torch.Tensor) else torch.tensor(float(v), dtype=torch.float64) for v in values]
+            device = tensors[0].device
+            job = self.planner.job(collection, kind, name, [t.to(device) for t in tensors])
+            job.plain_scalar = True  # summarize_scalar / save_scalar / losses: the number itself
+            # across ranks losses and summaries are averaged; a save_scalar value is rank 0's
+            job.partitioned = kind != Kind.SCALARS
+            jobs.append(job)
+        for collection_name, name, tensor in self._pending.take_explicit(mode):
+            collection = self.planner.collection(collection_name)
+            kind = collection.kinds[0] if collection.builtin else Kind.SUMMARIES.value
+            piece, sharded = _piece(tensor)  # a plain tensor is rank 0's, a sharded DTensor merged
+            job = self.planner.job(collection, kind, name, [piece], partitioned=sharded)
+            job.name = f"{collection_name}/{name}"
+            jobs.append(job)
+        return jobs
+
+    def _optimizer_scalars(self, optimizer: torch.optim.Optimizer | None, saving: frozenset[str]) -> list[ScalarEntry]:
+        if optimizer is None or Kind.OPTIMIZER not in saving:
+            return []
+        out = []
+        for i, group in enumerate(optimizer.param_groups):
+            for key in ("lr", "momentum", "weight_decay", "betas", "eps"):
+                value = group.get(key)
+                values = value if isinstance(value, (tuple, list)) else [value]
+                for j, v in enumerate(values):
+                    if isinstance(v, torch.Tensor) and v.numel() == 1:
+                        v = float(v)
+                    if isinstance(v, (int, float)) and not isinstance(v, bool):
+                        suffix = f"{key}{j}" if len(values) > 1 else key
+                        out.append(ScalarEntry(f"optimizer/group{i}.{suffix}", None, float(v)))
+        return out
+
+    @guarded
+    def _finish_train_step(self) -> None:
+        if self._pre_step is None:
+            self._advance(self._mode)
+            return
+        host, host_scalars = self._pre_step
+        self._pre_step = None
+        mode = self._mode
+        parts = [host]
+        saving = self._saving(mode)
+        # "reduce": on a saved step every rank computes, whatever it holds, so collectives match
+        if self._update_snapshot or self._pending.has_explicit(mode) or (self._reducer is not None and saving):
+            jobs = []
+            for name, param, before in self._update_snapshot:
+                after, sharded = _piece(param)
+                delta = after.detach() - before
+                for c in self.planner.collections_for(Kind.UPDATES, name, saving):
+                    jobs.append(self.planner.job(c, Kind.UPDATES, name, [delta], partitioned=sharded))
+            self._update_snapshot = []
+            # save_tensor between prepare_step and step belongs to the step being closed
+            # (Lightning: gradients after clipping, read once the optimizer has stepped)
+            jobs += self._pending_jobs(saving, mode)
+            parts.append(self._compute(jobs, saving))
+        self._submit(mode, self._mode_steps[mode], parts, host_scalars)
+        self._advance(mode)
+
+    def _compute(self, jobs: list[TensorJob], saving: frozenset[str]) -> HostStatistics:
+        """Statistics of one step's jobs; under ``include_workers="reduce"`` merged across ranks.
+
+        Collectives are made only on steps that save something: ``saving`` is the same on every
+        rank (all ranks count the same steps), so an unsaved step costs no communication. The
+        ranks first agree on the union of their jobs, so a module called on one rank only, or a
+        different number of times, cannot hang them.
+        """
+        reducer = self._reducer
+        if reducer is None or not saving or not getattr(reducer, "active", True):
+            return self._engine.compute(jobs, None, warn=self.warn_once)
+        return self._engine.compute(reducer.agree_jobs(jobs), reducer, warn=self.warn_once)
+
+    def _advance(self, mode: ModeKeys) -> None:
+        self.global_step += 1
+        self._mode_steps[mode] += 1
+        if mode != ModeKeys.TRAIN:
+            self._mode_steps[ModeKeys.TRAIN] = self.global_step
+        self._detach_sources()
+
+    def _detach_sources(self) -> None:
+        if self._attached:
+            for source in self._sources:
+                source.detach()
+            self._attached = False
+
+    def _close_eval_step(self) -> None:
+        mode = self._open_eval
+        self._open_eval = None
+        if mode is None:
+            return
+        saving = self._saving(mode)
+        jobs = self._pending_jobs(saving, mode)
+        if jobs or (self._reducer is not None and saving):  # "reduce": every rank, for the collectives
+            self._submit(mode, self._mode_steps[mode], [self._compute(jobs, saving)], [])
+        self._mode_steps[mode] += 1
+        self._detach_sources()
+
+    def _submit(self, mode: ModeKeys, mode_step: int, parts: list[HostStatistics], host_scalars: list[ScalarEntry]) -> None:
+        if not any(p.jobs for p in parts) and not host_scalars:
+            return
+        if self.world_size > 1 and self.include_workers != "all" and self.rank != 0:
+            return  # "reduce": every rank holds the same merged statistics, rank 0 records them
+        self._dispatcher.submit(
+            PendingStep(self.global_step, mode, mode_step, self.worker, time.time(), list(host_scalars), parts)
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def warn_once(self, message: str) -> None:
+        """One warning per kind of problem (the part before the first ``:``); training goes on."""
+        key = message.split(":", 1)[0]
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(f"tensorlens: {message} (training continues; this warning is shown once)", stacklevel=3)
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise RuntimeError(
+                f"tensorlens: cannot {what}: this {type(self).__name__} is closed (its run is {self.run_dir!r}); "
+                "create a new one, e.g. tl.watch(model, resume='allow', out_dir=...) to continue that run"
+            )
+
+    @property
+    def host_copies(self) -> int:
+        """Device-to-host copies made so far (one per saved step unless a tensor held NaN/Inf)."""
+        return self._engine.host_copies
+
+    @property
+    def backends(self) -> list[Backend]:
+        return self._dispatcher.backends
+
+    def backend_stats(self) -> dict[str, BackendStats]:
+        """Per backend: records written, failed and dropped."""
+        return self._dispatcher.stats()
+
+    def flush(self, timeout: float | None = 60.0) -> bool:
+        """Wait until every saved step has reached every backend."""
+        return self._dispatcher.flush(timeout)
+
+    def close(self) -> None:
+        """Record what is pending, detach every capture, flush and close the backends. Idempotent."""
+        if self._closed:
+            return
+        try:
+            if self._open_eval is not None:
+                self._close_eval_step()
+            # values saved after the last boundary of their mode (scalars, summaries, save_tensor)
+            for mode in self._pending.modes_with_values():
+                jobs = self._pending_jobs(self._saving(mode), mode)
+                if jobs:
+                    # no collectives here: close() may run on one rank only, or after the process
+                    # group is gone; values saved after the last step are this rank's own
+                    self._submit(mode, self._mode_steps[mode], [self._engine.compute(jobs, None, warn=self.warn_once)], [])
+        except Exception as err:
+            self.warn_once(f"close: {type(err).__name__}: {err}")
+        self._closed = True
+        self._detach_sources()
+        self._pending.clear()
+        summaries.deactivate(self)
+        self._dispatcher.close()
+        self._engine.release()
+        self._release_empty_claim()
+
+    def _release_empty_claim(self) -> None:
+        """A new run that recorded nothing leaves no folder behind (its claim was an empty file)."""
+        import os
+
+        if self.resumed:
+            return
+        path = os.path.join(self.run_dir, self._store_file())
+        try:
+            if os.path.isfile(path) and os.path.getsize(path) == 0:
+                os.remove(path)
+                os.rmdir(self.run_dir)  # only if empty
+        except OSError:
+            pass
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(run_dir={self.run_dir!r}, step={self.global_step}, collections={self.enabled_collections()})"
+
+
+def _names_list(name: str, value: Iterable[str]) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, Iterable):
+        raise expected(name, "a list of collection names", value)
+    out = list(value)
+    for item in out:
+        if not isinstance(item, str):
+            raise expected(name, "a list of collection names", value)
+    return out
+
+
+def _piece(tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """``(what this rank contributes, partitioned)``; see :func:`tensorlens.engine.distributed.local_piece`."""
+    if not hasattr(tensor, "placements"):  # not a DTensor: skip importing torch.distributed.tensor
+        return tensor, False
+    from tensorlens.engine.distributed import local_piece
+
+    return local_piece(tensor)
+
+
+def _compiling() -> bool:
+    """Whether ``torch.compile`` is tracing the caller (``torch.compiler.is_compiling``, torch >= 2.3)."""
+    check = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return bool(check()) if check is not None else False
+
+
+def _distributed_rank() -> tuple[int, int]:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1

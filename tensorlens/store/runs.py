@@ -1,0 +1,92 @@
+"""Run folders: one folder per run, named injectively from the run name, never shared by accident.
+
+Distinct run names give distinct folders (:func:`folder_name` escapes every character outside
+``A-Z a-z 0-9 _ . -`` and cuts long names with a hash of the whole name), and a new run never
+writes into a folder that already holds a store of the same worker unless asked to, as in
+``wandb.init(resume=...)``:
+
+- ``"never"`` (default): an existing run is an error that names the option; a run whose name was
+  *derived* (the active tracker's run, or the time) takes the next free ``-2``, ``-3`` … instead,
+  so two hooks in one W&B run get two stores;
+- ``"allow"``: continue an existing run, or start a new one;
+- ``"must"``: continue an existing run; an error if there is none.
+
+The store file is claimed atomically (``O_CREAT | O_EXCL``), so two processes that pick the same
+folder at the same moment cannot both start a new run in it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+import urllib.parse
+import uuid
+
+from tensorlens._checks import expected
+
+DEFAULT_RUNS_DIR = "tensorlens_runs"
+RESUME_POLICIES = ("never", "allow", "must")
+#: Folder names longer than this are cut and end with a hash of the whole run name.
+MAX_FOLDER_NAME = 200
+
+
+def folder_name(run_name: str) -> str:
+    """An injective, portable folder name for ``run_name``.
+
+    >>> folder_name("exp_1"), folder_name("exp/1"), folder_name("../escape")
+    ('exp_1', 'exp%2F1', '%2E.%2Fescape')
+    """
+    encoded = urllib.parse.quote(str(run_name), safe="-_.")  # '%' itself is escaped: injective
+    encoded = encoded.replace("~", "%7E")  # quote keeps '~'; some shells and tools expand it
+    if encoded.startswith("."):  # no hidden folder, no "." or ".."
+        encoded = "%2E" + encoded[1:]
+    if not encoded:
+        encoded = "%00run"  # the empty name; "%00" cannot come from quote()
+    if len(encoded) > MAX_FOLDER_NAME:
+        digest = hashlib.sha1(str(run_name).encode("utf-8")).hexdigest()[:16]
+        encoded = encoded[: MAX_FOLDER_NAME - 17].rstrip("%0123456789ABCDEF") + "-" + digest
+    return encoded
+
+
+def default_run_name() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+
+
+def check_resume(resume: str) -> str:
+    if resume not in RESUME_POLICIES:
+        raise expected("resume", f"one of {list(RESUME_POLICIES)} (as in wandb.init)", resume)
+    return resume
+
+
+def claim_store(run_dir: str, store_file: str, resume: str, derived: bool) -> tuple[str, bool]:
+    """``(run_dir, resumed)``: the folder this worker writes ``store_file`` into, claimed for it.
+
+    A derived name that is taken moves on to ``<run_dir>-2``, ``-3``, ...; a chosen one follows
+    ``resume``. The store file is created empty here (its writer opens it later, on the
+    dispatcher's thread), so the claim is atomic.
+    """
+    base = run_dir
+    for attempt in range(1, 10_000):
+        candidate = base if attempt == 1 else f"{base}-{attempt}"
+        path = os.path.join(candidate, store_file)
+        os.makedirs(candidate, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            if derived and resume == "never":
+                continue
+            if resume == "never":
+                raise FileExistsError(
+                    f"The run folder {candidate!r} already holds a tensorlens run ({store_file}); pass resume='allow' "
+                    "(or 'must') to continue it, or choose another run_name / out_dir for a new run"
+                ) from None
+            return candidate, True
+        os.close(fd)
+        if resume == "must":
+            os.remove(path)
+            raise FileNotFoundError(
+                f"resume='must' but {candidate!r} holds no tensorlens run ({store_file}); pass resume='allow' to start one"
+            )
+        return candidate, False
+    raise RuntimeError(f"no free run folder next to {base!r}")
