@@ -60,6 +60,8 @@ INPLACE_OPERATORS = frozenset(
     {"add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or", "xor", "lshift", "rshift"}
 )
 _METHOD_OWNERS = ("TensorBase.", "Tensor.", "_TensorBase.")
+# names become metric keys: letters, digits, "_", ".", "-" only (what MLflow accepts, minus ":" and "/")
+_KEY_UNSAFE = re.compile(r"[^\w.\-]")
 
 _local = threading.local()
 
@@ -209,8 +211,9 @@ class _RecordingMode(TorchFunctionMode):
 class OpRecorder:
     """Records one forward: its inputs, the parameters and buffers it reads and every op it runs.
 
-    ``start()`` enters the recording mode and the global module hooks, ``stop(output)`` leaves
-    them; backward hooks stay on the recorded tensors until ``remove_hooks()``.
+    ``start()`` enters the recording mode and puts forward hooks on the modules (for names),
+    ``stop(output)`` removes both; backward hooks stay on the recorded tensors until
+    ``remove_hooks()``. Ops run on other threads are not seen (the mode is per thread).
     """
 
     def __init__(self, roots: Sequence[tuple[str, nn.Module]], input_gradients: bool = False) -> None:
@@ -399,6 +402,7 @@ class OpRecorder:
 
     def _add(self, kind: str, base: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], module: str,
              op: str, tensor: torch.Tensor | None, is_parameter: bool = False) -> TraceNode:
+        base = _KEY_UNSAFE.sub("_", base)  # dict keys and ModuleDict names may hold any character
         count = self._counts[base]
         name = base if count == 0 else f"{base}_{count}"
         while name in self._used:  # "add_1" may also be what a module path plus op spells
