@@ -18,6 +18,13 @@ from tensorlens.engine.recorder import Recorder
 from tensorlens.file_limit import setup
 from tensorlens.modes import ModeKeys
 from tensorlens.records import HistogramEntry, ScalarEntry, StepRecord, TensorEntry
+from tensorlens.scales import (
+    plot_scales,
+    prune_non_float_tensors,
+    prune_same_scale_tensors,
+    prune_selected_nodes,
+    track_scales,
+)
 from tensorlens.store.reader import Run, TensorDescriptor, TensorView, open_run
 from tensorlens.watch import watch
 
@@ -45,11 +52,16 @@ __all__ = [
     "TensorView",
     "modes",
     "open_run",
+    "plot_scales",
+    "prune_non_float_tensors",
+    "prune_same_scale_tensors",
+    "prune_selected_nodes",
     "register_backend",
     "registered_backends",
     "setup",
     "summarize_scalar",
     "summarize_tensor",
+    "track_scales",
     "watch",
 ]
 
