@@ -33,6 +33,7 @@ class Kind(str, enum.Enum):
     LOSSES = "losses"  # outputs of registered loss modules
     SUMMARIES = "summaries"  # tl.summarize_scalar / summarize_tensor from model code
     SCALARS = "scalars"  # hook.save_scalar
+    SCALES = "scales"  # per-op forward and backward scales (scales=True; see tensorlens.scales)
 
     def __str__(self) -> str:  # "weights", not "Kind.WEIGHTS", in names and messages
         return self.value
@@ -42,8 +43,10 @@ class Kind(str, enum.Enum):
 KINDS = tuple(k.value for k in Kind)
 #: What ``tl.watch`` records unless told otherwise.
 DEFAULT_KINDS = ("weights", "biases", "gradients", "losses", "summaries", "scalars")
+#: Kinds that cost more than a read of the tensors: only recorded when named (not in ``"all"``).
+OPT_IN_KINDS = ("scales",)
 #: Names that stand for several kinds in ``include_collections``.
-ALIASES = {"all": KINDS, "default": DEFAULT_KINDS}
+ALIASES = {"all": tuple(k for k in KINDS if k not in OPT_IN_KINDS), "default": DEFAULT_KINDS}
 #: Kinds whose tensors are single numbers recorded as they are (no reductions, no histograms).
 SCALAR_KINDS = ("optimizer", "losses", "scalars")
 #: Kinds captured with module hooks (attached only on saved steps).

@@ -43,6 +43,7 @@ def watch(
     run_name: str | None = None,
     include_workers: str = "reduce",
     resume: str = "never",
+    scales: bool = False,
 ) -> Hook:
     """Watch ``models`` with sensible defaults and return the :class:`Hook`.
 
@@ -51,6 +52,8 @@ def watch(
     store and to the active W&B / MLflow run. ``activations=True`` adds module outputs.
     ``log`` and ``log_freq`` accept ``wandb.watch``'s values (``"gradients"``, ``"parameters"``,
     ``"all"``). ``resume`` continues a stored run (``"allow"``, ``"must"``), as in ``wandb.init``.
+    ``scales=True`` records the forward and backward scale of every op at saved steps
+    (``scales/fwd/<node>``, ``scales/bwd/<node>``; see :mod:`tensorlens.scales`).
 
     >>> hook = watch(model)            # doctest: +SKIP
     >>> ...train...                    # doctest: +SKIP
@@ -85,6 +88,7 @@ def watch(
         run_name=run_name,
         include_workers=include_workers,
         resume=resume,
+        scales=scales,
     )
     try:
         if isinstance(models, nn.Module):

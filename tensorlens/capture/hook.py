@@ -62,12 +62,29 @@ class Hook(Recorder):
         resume: ``"never"`` (default: an existing run folder is an error; a derived run name
             moves on to ``-2``), ``"allow"`` or ``"must"`` continue a stored run, as in
             ``wandb.init``; see :mod:`tensorlens.store.runs`.
+        scales: record the per-op forward and backward scales at the steps the ``scales``
+            collection saves (:mod:`tensorlens.scales`); ``scales_plot_interval``: every this
+            many of those steps the log2 plot is drawn into ``<run_dir>/scales/`` (``None``: never).
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, scales: bool = False, scales_plot_interval: int | None = 10, **kwargs: Any) -> None:
+        if not isinstance(scales, bool):
+            raise expected("scales", "a bool", scales)
+        if scales_plot_interval is not None and (
+            isinstance(scales_plot_interval, bool) or not isinstance(scales_plot_interval, int) or scales_plot_interval < 1
+        ):
+            raise expected("scales_plot_interval", "None or an integer >= 1", scales_plot_interval)
         super().__init__(*args, **kwargs)
-        self._taps = ModuleTaps(self.capture, self.warn_once)
+        self._taps = ModuleTaps(self._untraced(self.capture), self.warn_once)
         self.add_source(self._taps)
+        self._scales: Any = None
+        if scales:
+            from tensorlens.scales.source import ScaleSource
+
+            self.planner.enable("scales")
+            self._scales = ScaleSource(self.run_dir, scales_plot_interval)
+            self.add_source(self._scales)
+            self._arm_scales()
         self._root_handles: list[RemovableHandle] = []
         self._hooked_roots: set[int] = set()  # ids of the modules whose forward marks a step
         self._forward_depth = 0
@@ -113,7 +130,7 @@ class Hook(Recorder):
             return self
         self._hooked_roots.add(id(hooked))
         # always_call: a forward that raises (a skipped out-of-memory batch) still ends the call
-        self._root_handles.append(hooked.register_forward_pre_hook(self._weak(Hook._root_forward_pre)))
+        self._root_handles.append(hooked.register_forward_pre_hook(self._weak(Hook._root_forward_pre), with_kwargs=True))
         self._root_handles.append(hooked.register_forward_hook(self._weak(Hook._root_forward_post), always_call=True))
         return self
 
@@ -135,7 +152,7 @@ class Hook(Recorder):
         def record(module: nn.Module, args: Any, output: Any) -> None:
             hook = recorder()
             if hook is not None and (compiling() or not in_backward()):
-                hook.add_loss(loss_name, output)
+                hook._untraced(hook.add_loss)(loss_name, output)
 
         self._root_handles.append(loss_module.register_forward_hook(record))
         return self
@@ -147,8 +164,22 @@ class Hook(Recorder):
             return self.explicit_mode
         return ModeKeys.TRAIN if module.training else ModeKeys.EVAL
 
+    def _untraced(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` with the per-op scale recording paused (tensorlens's own ops are not the model's)."""
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self._scales is None or not self._scales.capture.capturing:
+                return fn(*args, **kwargs)
+            with self._scales.paused():
+                return fn(*args, **kwargs)
+
+        return call
+
+    def add_summary(self, name: str, value: Any, is_tensor: bool) -> None:
+        self._untraced(super().add_summary)(name, value, is_tensor)
+
     @guarded
-    def _root_forward_pre(self, module: nn.Module, args: Any) -> None:
+    def _root_forward_pre(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         if compiling():
             # traced by torch.compile (the root was compiled after it was watched): reading the
             # step counters here would guard the graph on them and recompile it every step
@@ -160,13 +191,17 @@ class Hook(Recorder):
         self._forward_depth += 1
         if self._forward_depth > 1:
             return
-        self.begin_step(self._current_mode(module))
+        self._untraced(self.begin_step)(self._current_mode(module))
+        if self._scales is not None and self.will_save("scales"):
+            self._scales.start(self._taps.roots, module, args, kwargs)
 
     @guarded
     def _root_forward_post(self, module: nn.Module, args: Any, output: Any) -> None:
         if compiling() or id(module) not in self._hooked_roots or in_backward():
             return
         self._forward_depth = max(0, self._forward_depth - 1)
+        if self._forward_depth == 0 and self._scales is not None:
+            self._scales.stop(output)
         if self._forward_depth == 0 and sys.exc_info()[1] is not None:
             # always_call: the forward raised (we run inside its exception handler); the loop
             # will skip this batch, so what it captured must not join the next one's
@@ -191,6 +226,17 @@ class Hook(Recorder):
     def _optimizer_post_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self.closed and self._primary_optimizer is not None and self._primary_optimizer() is optimizer:
             self._finish_train_step()
+            self._arm_scales()
+
+    def step(self) -> None:
+        super().step()
+        self._arm_scales()
+
+    def _arm_scales(self) -> None:
+        """Before a step that saves scales, a model compiled after it was watched must run eagerly
+        (its root hooks are traced by dynamo otherwise, and no op would be recorded)."""
+        if self._scales is not None and "torch._dynamo" in sys.modules and self.will_save("scales", ModeKeys.TRAIN):
+            self._scales.arm()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -199,6 +245,8 @@ class Hook(Recorder):
         if self.closed:
             return
         super().close()
+        if self._scales is not None:
+            self._scales.close()
         for handle in self._root_handles + self._optimizer_handles:
             handle.remove()
         self._root_handles.clear()

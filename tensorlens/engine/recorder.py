@@ -58,6 +58,13 @@ class TensorSource(Protocol):
     def detach(self) -> None: ...
 
 
+class ScalarSource(TensorSource, Protocol):
+    """A source that also gives numbers of its own when a train step ends (after backward), such
+    as the per-op scales (:class:`tensorlens.scales.source.ScaleSource`)."""
+
+    def step_scalars(self, saving: frozenset[str], step: int) -> list[ScalarEntry]: ...
+
+
 def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Run a callback of a driver so that no error of ours can take the training step down."""
 
@@ -424,7 +431,7 @@ class Recorder:
         self._mode = mode
         saving = self._saving(mode)
         jobs = self._parameter_jobs(saving) + self._pending_jobs(saving, mode)
-        host_scalars = self._optimizer_scalars(optimizer, saving)
+        host_scalars = self._optimizer_scalars(optimizer, saving) + self._source_scalars(saving)
         self._pre_step = (self._compute(jobs, saving), host_scalars)
         if self.planner.with_kinds(saving, (Kind.UPDATES,)):
             self._update_snapshot = [
@@ -497,6 +504,14 @@ class Recorder:
             job.name = f"{collection_name}/{name}"
             jobs.append(job)
         return jobs
+
+    def _source_scalars(self, saving: frozenset[str]) -> list[ScalarEntry]:
+        out: list[ScalarEntry] = []
+        for source in self._sources:
+            step_scalars = getattr(source, "step_scalars", None)
+            if step_scalars is not None:
+                out += step_scalars(saving, self.global_step)
+        return out
 
     def _optimizer_scalars(self, optimizer: torch.optim.Optimizer | None, saving: frozenset[str]) -> list[ScalarEntry]:
         if optimizer is None or Kind.OPTIMIZER not in saving:
