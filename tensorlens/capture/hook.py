@@ -31,7 +31,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils.hooks import RemovableHandle
 
 from tensorlens._checks import expected
-from tensorlens.capture.modules import ModuleTaps, compiling, in_backward
+from tensorlens._runtime import compiling, in_backward
+from tensorlens.capture.modules import ModuleTaps
 from tensorlens.engine.recorder import Recorder, guarded
 from tensorlens.modes import ModeKeys
 

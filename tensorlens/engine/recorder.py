@@ -25,12 +25,14 @@ from typing import Any, Protocol
 
 import torch
 
-from tensorlens._checks import expected
+from tensorlens._checks import expected, names_list
+from tensorlens._runtime import compiling, distributed_rank
 from tensorlens.backends.base import Backend, RunInfo, active_run_name, resolve_backends
 from tensorlens.capture import summaries
-from tensorlens.collection import DEFAULT_KINDS, MODULE_KINDS, PARAMETER_KINDS, Collection, Kind, parameter_kind
+from tensorlens.collection import DEFAULT_KINDS, MODULE_KINDS, Collection, Kind
 from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig
 from tensorlens.dispatch import BackendStats, Dispatcher
+from tensorlens.engine import gather
 from tensorlens.engine.assemble import HostStatistics, PendingStep, build_record
 from tensorlens.engine.jobs import ReducedPiece, TensorJob, reduce_now
 from tensorlens.engine.pending import PendingCaptures
@@ -125,11 +127,11 @@ class Recorder:
             save_config or SaveConfig(),
             reduction_config,
             histogram_config or HistogramConfig(),
-            DEFAULT_KINDS if include_collections is None else _names_list("include_collections", include_collections),
+            DEFAULT_KINDS if include_collections is None else names_list("include_collections", include_collections),
             include_regex,
         )
         self.include_workers = include_workers
-        self.rank, self.world_size = _distributed_rank()
+        self.rank, self.world_size = distributed_rank()
         self.worker = "reduced" if self.world_size > 1 and include_workers == "reduce" else f"worker_{self.rank}"
         self._reducer: Any = None
         if self.world_size > 1 and include_workers == "reduce":
@@ -165,28 +167,15 @@ class Recorder:
     # ------------------------------------------------------------------ run location
 
     def _run_location(self, out_dir: Any, run_name: str | None, resume: str) -> tuple[str, str, bool]:
-        """``(run name, run folder, resumed)``. Rank 0 (or the only process) claims the folder;
-        under ``torch.distributed`` every rank takes rank 0's, and a rank that writes a store of
-        its own (``include_workers="all"``) claims its own file in it."""
-        import os
-
-        derived = run_name is None and out_dir is None
-        name = run_name or active_run_name(self._backends) or runs.default_run_name()
-        wanted = os.path.abspath(os.fspath(out_dir)) if out_dir is not None else os.path.abspath(
-            os.path.join(runs.DEFAULT_RUNS_DIR, runs.folder_name(name))
-        )
-        run_dir, resumed = wanted, False
-        if self.rank == 0:
-            run_dir, resumed = runs.claim_store(wanted, self._store_file(), resume, derived)
-            if run_dir != wanted:  # a derived name that was taken: "<name>-2", ...
-                name += run_dir[len(wanted):]
+        share = None
         if self.world_size > 1:
             from tensorlens.engine.distributed import broadcast_run
 
-            name, run_dir = broadcast_run(name, run_dir)
-            if self.rank != 0 and self.include_workers == "all":
-                run_dir, resumed = runs.claim_store(run_dir, self._store_file(), "allow" if resume == "never" else resume, False)
-        return name, run_dir, resumed
+            share = broadcast_run
+        return runs.locate(
+            out_dir, run_name, active_run_name(self._backends), resume, self._store_file(), rank=self.rank,
+            own_store=self.rank == 0 or self.include_workers == "all", share=share,
+        )
 
     def _store_file(self) -> str:
         return store_filename(f"worker_{self.rank}", primary=self.rank == 0)
@@ -341,7 +330,7 @@ class Recorder:
             return
         # traced by torch.compile: keep the value whatever the step (the step boundary drops it on
         # unsaved steps); reading the step counters here would recompile the graph every step
-        if not _compiling() and Kind.LOSSES not in self._saving(self._mode):
+        if not compiling() and Kind.LOSSES not in self._saving(self._mode):
             return
         value = value.detach()
         self._pending.add_scalar(
@@ -351,7 +340,7 @@ class Recorder:
     def add_summary(self, name: str, value: Any, is_tensor: bool) -> None:
         """``tl.summarize_scalar`` / ``tl.summarize_tensor`` land here (from inside ``forward``)."""
         try:
-            if self._closed or self._paused or (not _compiling() and Kind.SUMMARIES not in self._saving(self._mode)):
+            if self._closed or self._paused or (not compiling() and Kind.SUMMARIES not in self._saving(self._mode)):
                 return
             if is_tensor:
                 if not isinstance(value, torch.Tensor):
@@ -380,7 +369,7 @@ class Recorder:
             self.warn_once(f"capturing {kind}/{name}: {type(err).__name__}: {err}")
 
     def _reduce_captured(self, kind: str, module_name: str, tensor: torch.Tensor) -> ReducedPiece | None:
-        if _compiling() or tensor.device.type != "cpu" or tensor.layout != torch.strided or tensor.numel() < REDUCE_WHEN_CAPTURED:
+        if compiling() or tensor.device.type != "cpu" or tensor.layout != torch.strided or tensor.numel() < REDUCE_WHEN_CAPTURED:
             return None
         plan = self.planner.capture_plan(self._mode, kind, module_name, self._saving(self._mode))
         return reduce_now(tensor, plan) if plan is not None else None
@@ -435,7 +424,7 @@ class Recorder:
         self._pre_step = (self._compute(jobs, saving), host_scalars)
         if self.planner.with_kinds(saving, (Kind.UPDATES,)):
             self._update_snapshot = [
-                (name, p, _piece(p)[0].detach().clone()) for name, p in self._parameters()
+                (name, p, gather.local_piece(p)[0].detach().clone()) for name, p in self._parameters()
                 if self.planner.collections_for(Kind.UPDATES, name, saving)
             ]
 
@@ -460,50 +449,14 @@ class Recorder:
         return out
 
     def _parameter_jobs(self, saving: frozenset[str]) -> list[TensorJob]:
-        jobs: list[TensorJob] = []
-        if not self.planner.with_kinds(saving, PARAMETER_KINDS):
-            return jobs
-        for name, param in self._parameters():
-            # DDP: replicated, taken as they are; FSDP2: this rank's shard, merged across ranks
-            kind = parameter_kind(name)
-            local, sharded = _piece(param)
-            for c in self.planner.collections_for(kind, name, saving):
-                jobs.append(self.planner.job(c, kind, name, [local], partitioned=sharded))
-            grad = param.grad
-            if grad is not None:
-                local_grad, grad_sharded = _piece(grad)
-                for c in self.planner.collections_for(Kind.GRADIENTS, name, saving):
-                    jobs.append(self.planner.job(c, Kind.GRADIENTS, name, [local_grad], partitioned=grad_sharded))
-        return jobs
+        return gather.parameter_jobs(self.planner, self._parameters(), saving)
 
     def _pending_jobs(self, saving: frozenset[str], mode: ModeKeys) -> list[TensorJob]:
         """Jobs for everything captured in ``mode`` since its last boundary; forgets those."""
-        jobs = []
-        for (kind, name), pieces in self._pending.take_tensors(mode).items():
-            # module captures were chosen by module name: match the collections the same way
-            match_name = self._pending.module_of.get(name, name) if kind in MODULE_KINDS else name
-            for c in self.planner.collections_for(kind, match_name, saving):
-                jobs.append(self.planner.job(c, kind, name, pieces))
-        for (kind, name), values in self._pending.take_scalars(mode).items():
-            collection = self.planner.collection(kind)
-            # save_scalar values were kept only on steps their collection saves
-            if kind != Kind.SCALARS and collection.name not in saving:
-                continue
-            tensors = [v if isinstance(v, torch.Tensor) else torch.tensor(float(v), dtype=torch.float64) for v in values]
-            device = tensors[0].device
-            job = self.planner.job(collection, kind, name, [t.to(device) for t in tensors])
-            job.plain_scalar = True  # summarize_scalar / save_scalar / losses: the number itself
-            # across ranks losses and summaries are averaged; a save_scalar value is rank 0's
-            job.partitioned = kind != Kind.SCALARS
-            jobs.append(job)
-        for collection_name, name, tensor in self._pending.take_explicit(mode):
-            collection = self.planner.collection(collection_name)
-            kind = collection.kinds[0] if collection.builtin else Kind.SUMMARIES.value
-            piece, sharded = _piece(tensor)  # a plain tensor is rank 0's, a sharded DTensor merged
-            job = self.planner.job(collection, kind, name, [piece], partitioned=sharded)
-            job.name = f"{collection_name}/{name}"
-            jobs.append(job)
-        return jobs
+        return gather.pending_jobs(self.planner, self._pending, saving, mode)
+
+    def _optimizer_scalars(self, optimizer: torch.optim.Optimizer | None, saving: frozenset[str]) -> list[ScalarEntry]:
+        return gather.optimizer_scalars(optimizer, saving)
 
     def _source_scalars(self, saving: frozenset[str]) -> list[ScalarEntry]:
         out: list[ScalarEntry] = []
@@ -511,22 +464,6 @@ class Recorder:
             step_scalars = getattr(source, "step_scalars", None)
             if step_scalars is not None:
                 out += step_scalars(saving, self.global_step)
-        return out
-
-    def _optimizer_scalars(self, optimizer: torch.optim.Optimizer | None, saving: frozenset[str]) -> list[ScalarEntry]:
-        if optimizer is None or Kind.OPTIMIZER not in saving:
-            return []
-        out = []
-        for i, group in enumerate(optimizer.param_groups):
-            for key in ("lr", "momentum", "weight_decay", "betas", "eps"):
-                value = group.get(key)
-                values = value if isinstance(value, (tuple, list)) else [value]
-                for j, v in enumerate(values):
-                    if isinstance(v, torch.Tensor) and v.numel() == 1:
-                        v = float(v)
-                    if isinstance(v, (int, float)) and not isinstance(v, bool):
-                        suffix = f"{key}{j}" if len(values) > 1 else key
-                        out.append(ScalarEntry(f"optimizer/group{i}.{suffix}", None, float(v)))
         return out
 
     @guarded
@@ -543,7 +480,7 @@ class Recorder:
         if self._update_snapshot or self._pending.has_explicit(mode) or (self._reducer is not None and saving):
             jobs = []
             for name, param, before in self._update_snapshot:
-                after, sharded = _piece(param)
+                after, sharded = gather.local_piece(param)
                 delta = after.detach() - before
                 for c in self.planner.collections_for(Kind.UPDATES, name, saving):
                     jobs.append(self.planner.job(c, Kind.UPDATES, name, [delta], partitioned=sharded))
@@ -657,21 +594,8 @@ class Recorder:
         summaries.deactivate(self)
         self._dispatcher.close()
         self._engine.release()
-        self._release_empty_claim()
-
-    def _release_empty_claim(self) -> None:
-        """A new run that recorded nothing leaves no folder behind (its claim was an empty file)."""
-        import os
-
-        if self.resumed:
-            return
-        path = os.path.join(self.run_dir, self._store_file())
-        try:
-            if os.path.isfile(path) and os.path.getsize(path) == 0:
-                os.remove(path)
-                os.rmdir(self.run_dir)  # only if empty
-        except OSError:
-            pass
+        if not self.resumed:  # a new run that recorded nothing leaves no folder behind
+            runs.release_empty(self.run_dir, self._store_file())
 
     @property
     def closed(self) -> bool:
@@ -685,37 +609,3 @@ class Recorder:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(run_dir={self.run_dir!r}, step={self.global_step}, collections={self.enabled_collections()})"
-
-
-def _names_list(name: str, value: Iterable[str]) -> list[str]:
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, Iterable):
-        raise expected(name, "a list of collection names", value)
-    out = list(value)
-    for item in out:
-        if not isinstance(item, str):
-            raise expected(name, "a list of collection names", value)
-    return out
-
-
-def _piece(tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """``(what this rank contributes, partitioned)``; see :func:`tensorlens.engine.distributed.local_piece`."""
-    if not hasattr(tensor, "placements"):  # not a DTensor: skip importing torch.distributed.tensor
-        return tensor, False
-    from tensorlens.engine.distributed import local_piece
-
-    return local_piece(tensor)
-
-
-def _compiling() -> bool:
-    """Whether ``torch.compile`` is tracing the caller (``torch.compiler.is_compiling``, torch >= 2.3)."""
-    check = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-    return bool(check()) if check is not None else False
-
-
-def _distributed_rank() -> tuple[int, int]:
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
