@@ -99,7 +99,7 @@ def units_below_activity(value_fraction: float, threshold_inactivity: float) -> 
     a = threshold_inactivity / 100.0
     if a <= 0.0:
         return 0.0
-    return float(min(1.0, max(0.0, (value_fraction - (1.0 - a)) / a)))
+    return float(min(1.0, max(0.0, 1.0 - (1.0 - value_fraction) / a)))  # = (f - (1 - a)) / a, exact at f = 1
 
 
 def percentile_spread_upper(stats: Mapping[str, float], histogram: HistogramEntry | None = None,

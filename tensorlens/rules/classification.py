@@ -54,6 +54,12 @@ class _LabelsAndPredictions(Rule):
 
     def reset(self) -> None:
         self._matrix: dict[str, np.ndarray] = {}
+        self._seen = False
+
+    def finish(self) -> list[Finding]:
+        if not self._seen:
+            self.note("missing", f"no labels and predictions were found in the records: {_SAVE_HINT}")
+        return []
 
     def _is_labels(self, tensor: str) -> bool:
         raise NotImplementedError
@@ -67,12 +73,10 @@ class _LabelsAndPredictions(Rule):
         labels = [v for t, v in raw.items() if self._is_labels(t)]
         predictions = [v for t, v in raw.items() if self._is_predictions(t) and not self._is_labels(t)]
         if not labels or not predictions:
-            named = any(self._is_labels(t) or self._is_predictions(t) for t in record.tensor_names())
-            if named and record.mode.value == "train":
+            if any(self._is_labels(t) or self._is_predictions(t) for t in record.tensor_names()):
                 self.note("raw", f"found labels/predictions statistics but not their raw values: {_SAVE_HINT}")
-            elif not named and record.step > 0:
-                self.note("missing", f"no labels and predictions in the records: {_SAVE_HINT}")
             return None
+        self._seen = True
         y, p = np.asarray(labels[0]), np.asarray(predictions[0])
         if p.ndim == y.ndim + 1:
             if not self.argmax and isinstance(self, ClassImbalance):
