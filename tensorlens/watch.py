@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from torch import nn
 
 from tensorlens.backends.base import Backend
 from tensorlens.capture.hook import Hook
 from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig, expected
+
+if TYPE_CHECKING:
+    from tensorlens.rules.base import Rule
 
 _WANDB_LOG = {
     "gradients": ["gradients", "losses", "summaries", "scalars"],
@@ -43,6 +47,7 @@ def watch(
     run_name: str | None = None,
     include_workers: str = "reduce",
     resume: str = "never",
+    rules: Sequence[Rule] | None = None,
 ) -> Hook:
     """Watch ``models`` with sensible defaults and return the :class:`Hook`.
 
@@ -51,6 +56,7 @@ def watch(
     store and to the active W&B / MLflow run. ``activations=True`` adds module outputs.
     ``log`` and ``log_freq`` accept ``wandb.watch``'s values (``"gradients"``, ``"parameters"``,
     ``"all"``). ``resume`` continues a stored run (``"allow"``, ``"must"``), as in ``wandb.init``.
+    ``rules`` (:mod:`tensorlens.rules`) check every saved step: ``if hook.should_stop: break``.
 
     >>> hook = watch(model)            # doctest: +SKIP
     >>> ...train...                    # doctest: +SKIP
@@ -85,6 +91,7 @@ def watch(
         run_name=run_name,
         include_workers=include_workers,
         resume=resume,
+        rules=rules,
     )
     try:
         if isinstance(models, nn.Module):

@@ -62,6 +62,8 @@ class Hook(Recorder):
         resume: ``"never"`` (default: an existing run folder is an error; a derived run name
             moves on to ``-2``), ``"allow"`` or ``"must"`` continue a stored run, as in
             ``wandb.init``; see :mod:`tensorlens.store.runs`.
+        rules: :mod:`tensorlens.rules` checked on every saved step in the background; their
+            actions are taken at the next optimizer step (``hook.should_stop``, ``hook.findings()``).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -191,6 +193,7 @@ class Hook(Recorder):
     def _optimizer_post_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self.closed and self._primary_optimizer is not None and self._primary_optimizer() is optimizer:
             self._finish_train_step()
+            self.take_rule_actions()  # a rule's "raise" leaves through optimizer.step()
 
     # ------------------------------------------------------------------ lifecycle
 
