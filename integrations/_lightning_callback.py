@@ -317,8 +317,12 @@ class TensorLensCallbackBase:
             self._save_clipped_gradients(hook, pl_module)
         hook.step()
         self._prepared = False
-        if hook.should_stop:  # a rule with action="stop" fired
-            trainer.should_stop = True
+        if self.rules is not None:
+            stop = hook.should_stop  # a rule with action="stop" fired (rules run on rank 0 only)
+            if trainer.world_size > 1:  # every rank must leave at the same batch, or the others hang
+                stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
+            if stop:
+                trainer.should_stop = True
         if hook.global_step != trainer.global_step:
             self._sync(trainer, ModeKeys.TRAIN)
 

@@ -47,3 +47,27 @@ def test_a_stop_rule_sets_trainer_should_stop(tmp_path: Any) -> None:
 def test_rules_are_checked_when_the_callback_is_built() -> None:
     with pytest.raises(ValueError, match="Expected `rules`"):
         TensorLensCallback(rules=[object()])
+
+
+def test_ddp_ranks_stop_together(tmp_path: Any) -> None:
+    """Rules run on rank 0; the callback shares its decision, so rank 1 leaves at the same step
+    instead of waiting in the next all-reduce forever."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    script = os.path.join(here, "lightning_ddp_rules.py")
+    try:
+        proc = subprocess.run([sys.executable, script, str(tmp_path)], capture_output=True, text=True, timeout=300,
+                              env=env, cwd=tmp_path)
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"the DDP run did not finish in {err.timeout} s (a rank waiting for the other?):\n{err.stderr!r}")
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["findings"] > 0 and ranks[1]["findings"] == 0  # only rank 0 checks rules
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] < 30
+    assert ranks[0]["global_step"] <= ranks[0]["first"] + 3
