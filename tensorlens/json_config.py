@@ -238,10 +238,10 @@ def parse_json_config(config: Mapping[str, Any], path: str | None = None) -> Hoo
 
 def _with_tensorboard(log_dir: Any) -> list[Any]:
     """The backends ``"auto"`` picks, plus TensorBoard event files (``export_tensorboard``)."""
-    from tensorlens.capture.hook import _active_trackers  # the one place "auto" is decided
+    from tensorlens.backends.base import auto_backends
     from tensorlens.integrations.tensorboard import TensorBoardBackend
 
-    return [*_active_trackers(), TensorBoardBackend(log_dir=None if log_dir is None else str(log_dir))]
+    return [*auto_backends(), TensorBoardBackend(log_dir=None if log_dir is None else str(log_dir))]
 
 
 def json_config_path(json_file_path: str | os.PathLike[str] | None = None) -> str:
