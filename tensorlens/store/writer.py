@@ -24,6 +24,7 @@ class RunStoreWriter:
             self._db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
             for key, value in (meta or {}).items():
                 self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+            self._db.execute("DELETE FROM meta WHERE key = 'ended_at'")  # a resumed run is being written again
         self._layouts: dict[tuple[str, tuple[object, ...]], int] = {}
         self._shapes: dict[str, tuple[int, ...]] = {}  # written already: rewriting dirties pages
 

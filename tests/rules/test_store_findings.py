@@ -24,6 +24,10 @@ def test_findings_round_trip_and_the_end_mark(tmp_path: Any) -> None:
     writer.close()
     with tl.open_run(str(tmp_path)) as run:
         assert run.ended and float(run.meta["ended_at"]) > 0
+        resumed = RunStoreWriter(str(tmp_path / "tensorlens.sqlite"))  # a resumed run: written again
+        assert not run.ended and run.findings() == found
+        resumed.close()
+        assert run.ended
 
 
 def test_a_file_without_findings_or_end_mark_still_reads(tmp_path: Any) -> None:
