@@ -20,6 +20,7 @@ from tensorlens.records import StepRecord
 from tensorlens.rules.base import Rule
 from tensorlens.rules.compare import compare_records
 from tensorlens.rules.params import Selection, tensor_stats, to_bool, to_float, to_int
+from tensorlens.store.reader import Run
 
 #: Statistics that describe a tensor's shape rather than its values.
 _STRUCTURAL = frozenset({"numel"})
@@ -217,8 +218,6 @@ class SimilarAcrossRuns(Rule):
 
     def __init__(self, other_trials: Any, collection_names: Any = None, tensor_regex: Any = None, rtol: Any = 1e-5,
                  atol: Any = 1e-8, **kwargs: Any) -> None:
-        from tensorlens.store.reader import Run
-
         if isinstance(other_trials, (list, tuple)) and len(other_trials) == 1:
             other_trials = other_trials[0]
         if not isinstance(other_trials, (str, Run)) and not hasattr(other_trials, "__fspath__"):
@@ -235,11 +234,17 @@ class SimilarAcrossRuns(Rule):
         self._cursors: dict[tuple[str, str], Any] = {}
         self._pending: dict[tuple[str, str], StepRecord | None] = {}
 
+    def finish(self) -> list[Finding]:
+        """Close the other run if this rule opened it (it is opened again when needed)."""
+        self.reset()
+        if self._other is not None and not isinstance(self.other_trials, Run):
+            self._other.close()
+            self._other = None
+        return []
+
     def _other_record(self, record: StepRecord) -> StepRecord | None:
         if self._other is None:
-            from tensorlens.store.reader import open_run
-
-            self._other = open_run(str(self.other_trials))
+            self._other = Run(str(self.other_trials))
         key = (record.mode.value, record.worker)
         if key not in self._cursors:
             self._cursors[key] = iter(self._other.records(mode=record.mode, worker=record.worker))
