@@ -103,6 +103,9 @@ class TensorLensCallbackBase:
         resume: ``"never"`` (default), ``"allow"`` or ``"must"``, as in :class:`tensorlens.Hook`.
             A later stage of the same callback (test after fit) and a trainer that restores a
             checkpoint continue their run folder by themselves.
+        rules: :mod:`tensorlens.rules` checked on every saved step in the background; a rule with
+            ``action="stop"`` sets ``trainer.should_stop`` at the end of the next training batch.
+            ``callback.hook.findings()`` lists what they found.
 
     Unsupported (fails in ``setup``/``on_fit_start`` with a message): more than one optimizer,
     and the DeepSpeed and FSDP (v1) strategies, whose gradients are not in ``param.grad``.
@@ -128,6 +131,7 @@ class TensorLensCallbackBase:
         include_regex: Sequence[str] | str | None = None,
         run_name: str | None = None,
         resume: str = "never",
+        rules: Sequence[Any] | None = None,
     ) -> None:
         super().__init__()
         # Eager checks: a typo fails when the callback is built, not minutes into training.
@@ -160,6 +164,10 @@ class TensorLensCallbackBase:
         if run_name is not None and not isinstance(run_name, str):
             raise expected("run_name", "None or a string", run_name)
         check_resume(resume)
+        if rules is not None:
+            from tensorlens.rules.online import RuleRunner
+
+            RuleRunner(rules)  # checks them now; each stage's recorder gets a runner of its own
 
         names = list(DEFAULT_KINDS) if collections is None else list(collections)
         if activations and "activations" not in names:
@@ -175,6 +183,7 @@ class TensorLensCallbackBase:
         self.include_regex = include_regex
         self.run_name = run_name
         self.resume = resume
+        self.rules = list(rules) if rules is not None else None
 
         #: The :class:`tensorlens.Recorder` of the current run, or of the last one once it has ended.
         self.hook: Recorder | None = None
@@ -226,6 +235,7 @@ class TensorLensCallbackBase:
             run_name=run_name,
             include_workers=self.include_workers,
             resume=resume,
+            rules=self.rules,
         )
         self._runs_started += 1
         try:
@@ -307,6 +317,12 @@ class TensorLensCallbackBase:
             self._save_clipped_gradients(hook, pl_module)
         hook.step()
         self._prepared = False
+        if self.rules is not None:
+            stop = hook.should_stop  # a rule with action="stop" fired (rules run on rank 0 only)
+            if trainer.world_size > 1:  # every rank must leave at the same batch, or the others hang
+                stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
+            if stop:
+                trainer.should_stop = True
         if hook.global_step != trainer.global_step:
             self._sync(trainer, ModeKeys.TRAIN)
 

@@ -10,7 +10,10 @@ What reaches the MLflow run (``prefix="tensorlens"``):
 - the histograms themselves as compact JSON artifacts, one file per ``histogram_every`` saved
   steps holding every tensor (``tensorlens/histograms/<mode>/histograms-<first mode step>.json``);
 - at ``close()``, one PNG heatmap per tensor of its histogram over time
-  (``tensorlens/heatmaps/<mode>/<tensor>.png``), when matplotlib is installed.
+  (``tensorlens/heatmaps/<mode>/<tensor>.png``), when matplotlib is installed;
+- rule findings (:mod:`tensorlens.rules`): the tag ``tensorlens.rules.<rule>`` with the latest
+  message and the metric ``tensorlens/rules/<rule>``, the count of the rule's findings so far,
+  at each finding's step.
 
 Metric keys are made acceptable to MLflow by :func:`mlflow_metric_key` and kept unique by
 :class:`MetricKeyMapper`. ``mlflow`` itself is imported only when a backend is created.
@@ -46,6 +49,7 @@ from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, RunInfo
 from tensorlens.backends.keys import key_parts
 from tensorlens.backends.optional import import_optional, is_lightning_logger
+from tensorlens.findings import Finding
 from tensorlens.modes import ModeKeys
 from tensorlens.records import HistogramEntry, StepRecord
 
@@ -69,6 +73,8 @@ QUANTILES: tuple[tuple[str, float], ...] = (
 MAX_KEY_LENGTH = 250
 #: MLflow's stores and REST API reject more metrics in one ``log_batch`` request.
 MAX_METRICS_PER_BATCH = 1000
+#: MLflow's limit on a tag value (``MAX_TAG_VAL_LENGTH``).
+MAX_TAG_VALUE = 5000
 
 _HASH_LENGTH = 8
 # MLflow allows ``[/\w.\- :]`` but ``\w`` is Unicode and ``:`` is refused on Windows clients;
@@ -282,6 +288,8 @@ class MLflowBackend(Backend):
         self._columns: dict[tuple[ModeKeys, str], _HeatmapColumns] = {}
         self._tmp: str | None = None
         self._suspect = False  # a write failed: check the server is reachable before the next one
+        self._finding_counts: dict[str, int] = {}
+        self._last_timestamp = 0
 
     @property
     def artifact_root(self) -> str:
@@ -366,6 +374,22 @@ class MLflowBackend(Backend):
             if full is not None:  # let go even when it failed: memory stays bounded while a server is down
                 self._chunks.pop(record.mode, None)
         self._suspect = False
+
+    def write_finding(self, finding: Finding) -> None:
+        """A rule finding: the tag ``tensorlens.rules.<rule>`` holds its latest message, and the
+        metric ``<prefix>/rules/<rule>`` counts the rule's findings so far, at the finding's step."""
+        from mlflow.entities import Metric, RunTag
+
+        assert self._client is not None, "MLflowBackend.write_finding before open"
+        count = self._finding_counts[finding.rule] = self._finding_counts.get(finding.rule, 0) + 1
+        timestamp = max(int(time.time() * 1000), self._last_timestamp + 1)
+        self._last_timestamp = timestamp
+        key = self.keys("/".join(p for p in (self.prefix, "rules", finding.rule) if p), identity=f"\x00rules\x00{finding.rule}")
+        self._client.log_batch(
+            self.run_id,
+            metrics=[Metric(key, float(count), timestamp, int(finding.step))],
+            tags=[RunTag(f"tensorlens.rules.{mlflow_metric_key(finding.rule).replace('/', '_')}", str(finding)[:MAX_TAG_VALUE])],
+        )
 
     def flush(self) -> None:
         """Wait for asynchronous batches and upload the histogram chunks begun so far.

@@ -4,11 +4,16 @@ Training thread --(bounded queue)--> dispatcher thread (builds the step's one re
 --> one bounded queue and thread per backend, all given the same immutable record. A backend that raises or falls behind is isolated:
 one warning naming it, a counter of failed or dropped records, and nothing else is affected. The
 local store is *critical*: it is never dropped, the dispatcher waits for it instead.
+
+Rule findings travel the same way: a backend that produces them (the rule runner, itself one
+of the backends, so a rule that fails is isolated like a failing backend) hands each to
+:meth:`Dispatcher.submit_finding`, which queues it for every other backend's ``write_finding``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import queue
 import threading
 import warnings
@@ -16,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tensorlens.backends.base import Backend, RunInfo
+from tensorlens.findings import Finding
 from tensorlens.records import StepRecord
 
 _STOP = object()
@@ -53,7 +59,7 @@ class _Channel:
             warnings.warn(f"tensorlens: backend {self.label} {message}; training continues, "
                           "other backends are unaffected (this warning is shown once)", stacklevel=2)
 
-    def submit(self, record: StepRecord) -> None:
+    def submit(self, record: StepRecord | Finding) -> None:
         if self.backend.critical:
             self._queue.put(record)
             return
@@ -83,12 +89,15 @@ class _Channel:
                         self._call(self.backend.flush, "flush()")
                     item.set()
                     continue
-                assert isinstance(item, StepRecord)
+                assert isinstance(item, (StepRecord, Finding))
                 if not self._opened:
                     self._opened = True
                     self._open_failed = not self._call(lambda: self.backend.open(self._run), "open()")
                 if self._open_failed:  # every record of a backend that could not open is a failure
                     self.stats.failed += 1
+                    continue
+                if isinstance(item, Finding):
+                    self._call(lambda item=item: self.backend.write_finding(item), "write_finding()")
                     continue
                 record = item.without(histograms=not self.backend.supports_histograms, tensors=not self.backend.supports_tensors)
                 if self._call(lambda record=record: self.backend.write(record), "write()"):
@@ -132,6 +141,8 @@ class Dispatcher:
     ) -> None:
         self._build = build
         self._channels = [_Channel(b, run, max_pending) for b in backends]
+        for backend in backends:
+            backend.bind_findings(functools.partial(self.submit_finding, source=backend))
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max_pending)
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="tensorlens-dispatch", daemon=True)
@@ -156,6 +167,20 @@ class Dispatcher:
         if self._closed:
             return
         self._queue.put(item)  # blocks only if records pile up faster than they are built
+
+    def submit_finding(self, finding: Finding, source: Backend | None = None) -> None:
+        """Queue a rule finding for every backend but the one it came from (called on that
+        backend's thread: findings skip the build queue, their records have passed it already)."""
+        if not isinstance(finding, Finding):
+            raise TypeError(f"Expected `finding` to be a tensorlens Finding, but got {finding!r}")
+        for channel in self._channels:
+            if channel.backend is not source:
+                channel.submit(finding)
+
+    def _ordered(self) -> list[_Channel]:
+        """Channels that produce findings first: whatever they find while flushing or closing must
+        still reach the others."""
+        return sorted(self._channels, key=lambda c: not c.backend.produces_findings)
 
     def _loop(self) -> None:
         while True:
@@ -185,7 +210,7 @@ class Dispatcher:
         if not done.wait(timeout):
             return False
         # every channel gets its flush, even after one timed out (no short-circuit)
-        return all([c.flush(timeout) for c in self._channels])
+        return all([c.flush(timeout) for c in self._ordered()])
 
     def close(self, timeout: float | None = 60.0) -> None:
         if self._closed:
@@ -194,5 +219,5 @@ class Dispatcher:
         self._closed = True
         self._queue.put(_STOP)
         self._thread.join(timeout)
-        for channel in self._channels:
+        for channel in self._ordered():
             channel.close(timeout)

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from torch import nn
 
 from tensorlens.backends.base import Backend
 from tensorlens.capture.hook import Hook
 from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig, expected
+
+if TYPE_CHECKING:
+    from tensorlens.rules.base import Rule
 
 _WANDB_LOG = {
     "gradients": ["gradients", "losses", "summaries", "scalars"],
@@ -44,6 +48,7 @@ def watch(
     include_workers: str = "reduce",
     resume: str = "never",
     scales: bool = False,
+    rules: Sequence[Rule] | None = None,
 ) -> Hook:
     """Watch ``models`` with sensible defaults and return the :class:`Hook`.
 
@@ -54,6 +59,7 @@ def watch(
     ``"all"``). ``resume`` continues a stored run (``"allow"``, ``"must"``), as in ``wandb.init``.
     ``scales=True`` records the forward and backward scale of every op at saved steps
     (``scales/fwd/<node>``, ``scales/bwd/<node>``; see :mod:`tensorlens.scales`).
+    ``rules`` (:mod:`tensorlens.rules`) check every saved step: ``if hook.should_stop: break``.
 
     >>> hook = watch(model)            # doctest: +SKIP
     >>> ...train...                    # doctest: +SKIP
@@ -89,6 +95,7 @@ def watch(
         include_workers=include_workers,
         resume=resume,
         scales=scales,
+        rules=rules,
     )
     try:
         if isinstance(models, nn.Module):

@@ -66,6 +66,8 @@ class Hook(Recorder):
         scales: record the per-op forward and backward scales at the steps the ``scales``
             collection saves (:mod:`tensorlens.scales`); ``scales_plot_interval``: every this
             many of those steps the log2 plot is drawn into ``<run_dir>/scales/`` (``None``: never).
+        rules: :mod:`tensorlens.rules` checked on every saved step in the background; their
+            actions are taken at the next optimizer step (``hook.should_stop``, ``hook.findings()``).
     """
 
     def __init__(self, *args: Any, scales: bool = False, scales_plot_interval: int | None = 10, **kwargs: Any) -> None:
@@ -96,6 +98,18 @@ class Hook(Recorder):
         ]
         self._atexit = self._weak(Hook.close)
         atexit.register(self._atexit)
+
+    @classmethod
+    def create_from_json_file(cls, json_file_path: str | None = None, **overrides: Any) -> Hook:
+        """A hook from SageMaker Debugger's JSON hook configuration (``json_file_path``, else
+        ``$TENSORLENS_CONFIG_FILE_PATH``, else SageMaker's default location); see
+        :mod:`tensorlens.json_config`.
+
+        >>> hook = tl.Hook.create_from_json_file("debughookconfig.json")   # doctest: +SKIP
+        """
+        from tensorlens.json_config import create_hook_from_json_file
+
+        return create_hook_from_json_file(cls, json_file_path, **overrides)
 
     def _weak(self, method: Callable[..., Any]) -> Callable[..., Any]:
         """A callable that does not keep the hook alive (global hooks, atexit)."""
@@ -228,6 +242,7 @@ class Hook(Recorder):
         if not self.closed and self._primary_optimizer is not None and self._primary_optimizer() is optimizer:
             self._finish_train_step()
             self._arm_scales()
+            self.take_rule_actions()  # a rule's "raise" leaves through optimizer.step()
 
     def step(self) -> None:
         super().step()

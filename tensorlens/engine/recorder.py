@@ -21,7 +21,7 @@ import functools
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -43,6 +43,10 @@ from tensorlens.records import ScalarEntry
 from tensorlens.stats import native
 from tensorlens.store import runs
 from tensorlens.store.schema import last_steps, store_filename
+
+if TYPE_CHECKING:
+    from tensorlens.findings import Finding
+    from tensorlens.rules.base import Rule
 
 WORKER_MODES = ("reduce", "one", "all")
 #: Captured tensors of at least this many values are reduced in the hook (see Recorder.capture).
@@ -106,6 +110,7 @@ class Recorder:
         include_workers: str = "reduce",
         max_pending_steps: int = 64,
         resume: str = "never",
+        rules: Sequence[Rule] | None = None,
     ) -> None:
         if save_config is not None and not isinstance(save_config, SaveConfig):
             raise expected("save_config", "a tl.SaveConfig", save_config)
@@ -140,6 +145,14 @@ class Recorder:
             self._reducer = CollectiveReducer()
 
         self._backends = resolve_backends(backends, self.rank)
+        self._rules: Any = None
+        if rules is not None:  # imported here: a recorder without rules never loads them
+            from tensorlens.rules.online import RuleRunner
+
+            runner = RuleRunner(rules)  # checks the rules before anything is created
+            if self.rank == 0:  # rules read rank 0's records, as trackers do
+                self._rules = runner
+                self._backends.append(runner)
         self.run_name, self.run_dir, self.resumed = self._run_location(out_dir, run_name, resume)
         run = RunInfo(self.run_name, self.run_dir, self.rank, self.world_size, {"include_workers": include_workers})
         self._dispatcher = Dispatcher(self._backends, run, max_pending=max_pending_steps, build=build_record)
@@ -434,6 +447,26 @@ class Recorder:
         if self._pre_step is None:
             self.prepare_step(None)
         self._finish_train_step()
+        self.take_rule_actions()
+
+    # ------------------------------------------------------------------ rules
+
+    def take_rule_actions(self) -> bool:
+        """Take the actions of the rules that fired since the last step boundary (called at every
+        train step boundary): warn, run callables, raise :class:`~tensorlens.rules.RuleEvaluationConditionMet`
+        for ``action="raise"``; returns :attr:`should_stop`. Not guarded: a raise is meant to reach
+        the training loop. Rules run in the background, so a finding surfaces at the first
+        boundary after its step has been checked."""
+        return self._rules.take_action() if self._rules is not None else False
+
+    @property
+    def should_stop(self) -> bool:
+        """True once a rule with ``action="stop"`` fired: end the training loop (``if hook.should_stop: break``)."""
+        return self._rules is not None and self._rules.should_stop
+
+    def findings(self) -> list[Finding]:
+        """What the rules found so far (``tl.open_run(run_dir).findings()`` reads them back)."""
+        return self._rules.findings() if self._rules is not None else []
 
     def _train_mode(self) -> ModeKeys:
         return self._explicit_mode if self._explicit_mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL) else ModeKeys.TRAIN
@@ -594,6 +627,8 @@ class Recorder:
         summaries.deactivate(self)
         self._dispatcher.close()
         self._engine.release()
+        if self._rules is not None:  # what the rules found last: warned about, never raised from close()
+            self._rules.take_action(raise_errors=False)
         if not self.resumed:  # a new run that recorded nothing leaves no folder behind
             runs.release_empty(self.run_dir, self._store_file())
 

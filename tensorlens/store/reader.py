@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from tensorlens.findings import Finding
 from tensorlens.modes import ModeKeys
 from tensorlens.records import StepRecord, TensorEntry
 from tensorlens.store.schema import (
@@ -35,6 +36,15 @@ class TensorDescriptor(NamedTuple):
     step: int
     tensor: np.ndarray
     utctime: float
+
+
+class StepKey(NamedTuple):
+    """Which record: its mode, mode step, worker and (global) step."""
+
+    mode: ModeKeys
+    mode_step: int
+    worker: str
+    step: int
 
 
 class TensorNotFound(KeyError):
@@ -129,6 +139,37 @@ class Run:
     @property
     def meta(self) -> dict[str, str]:
         return dict(self._query("SELECT key, value FROM meta"))
+
+    @property
+    def ended(self) -> bool:
+        """Whether every store file of the run was closed by its writer (``meta.ended_at``): no more
+        steps will come. ``False`` while training writes, and forever for a run that crashed."""
+        for db in self._dbs:
+            try:
+                if db.execute("SELECT 1 FROM meta WHERE key = 'ended_at'").fetchone() is None:
+                    return False
+            except sqlite3.OperationalError:  # created but not yet initialised by its writer
+                return False
+        return True
+
+    def findings(self, rule: str | None = None) -> list[Finding]:
+        """The rule findings stored in the run (see :mod:`tensorlens.rules`), in the order they were
+        found, optionally of one rule.
+
+        >>> run.findings("ExplodingTensor")[0].step   # doctest: +SKIP
+        """
+        sql = "SELECT rule, step, mode, mode_step, worker, tensor, message, value FROM findings"
+        rows = [row for _, row in self._rows(sql + (" WHERE rule = ?" if rule else "") + " ORDER BY rowid", (rule,) if rule else ())]
+        return [Finding(r, step, ModeKeys(m), t, msg, value, mode_step, w) for r, step, m, mode_step, w, t, msg, value in rows]
+
+    def step_keys(self) -> list[StepKey]:
+        """Every stored record's ``(mode, mode_step, worker, step)``, sorted by step, mode, mode step
+        and worker: what the run holds, without reading any statistic."""
+        keys = {
+            StepKey(ModeKeys(m), mode_step, w, step)
+            for m, mode_step, w, step in self._query("SELECT mode, mode_step, worker, step FROM steps")
+        }
+        return sorted(keys, key=lambda k: (k.step, list(ModeKeys).index(k.mode), k.mode_step, k.worker))
 
     def workers(self) -> list[str]:
         return sorted({w for (w,) in self._query("SELECT DISTINCT worker FROM steps")})

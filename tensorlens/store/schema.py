@@ -11,6 +11,9 @@ appended in one place. All scalars of a step are one row, a float64 array whose 
 (``[tensor, stat]`` pairs) are a row of ``layouts``; all histograms of a step are one row too
 (counts, edges and an info matrix, concatenated, named by ``[tensor, bins]``). A layout is
 written once and reused by every step with the same tensors. Raw tensors keep a row each.
+Rule findings are rows of ``findings``; ``meta`` gets ``ended_at`` (a Unix time) when the writer
+closes, so a reader can tell a run still being written from one that has ended (a run that
+crashed never gets it). Both were added within schema 3: older files simply lack them.
 Readers go through :mod:`tensorlens.store.reader`.
 """
 
@@ -54,6 +57,9 @@ CREATE TABLE IF NOT EXISTS tensors (
     step INTEGER NOT NULL, wall_time REAL NOT NULL, data BLOB NOT NULL,
     PRIMARY KEY (mode, mode_step, worker, tensor));
 CREATE TABLE IF NOT EXISTS shapes (tensor TEXT PRIMARY KEY, shape TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS findings (
+    rule TEXT NOT NULL, step INTEGER NOT NULL, mode TEXT NOT NULL, mode_step INTEGER, worker TEXT,
+    tensor TEXT, message TEXT NOT NULL, value REAL, wall_time REAL NOT NULL);
 """
 
 

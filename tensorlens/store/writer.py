@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
+from tensorlens.findings import Finding
 from tensorlens.records import StepRecord
 from tensorlens.store.schema import _SCHEMA, SCHEMA_VERSION, connect, encode_array
 
@@ -22,6 +24,7 @@ class RunStoreWriter:
             self._db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
             for key, value in (meta or {}).items():
                 self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+            self._db.execute("DELETE FROM meta WHERE key = 'ended_at'")  # a resumed run is being written again
         self._layouts: dict[tuple[str, tuple[object, ...]], int] = {}
         self._shapes: dict[str, tuple[int, ...]] = {}  # written already: rewriting dirties pages
 
@@ -68,5 +71,21 @@ class RunStoreWriter:
         self._layouts.update(new_layouts)
         self._shapes.update(shapes)
 
+    def write_finding(self, finding: Finding) -> None:
+        """Store one rule finding (its own transaction: findings are rare)."""
+        with self._db:
+            self._db.execute(
+                "INSERT INTO findings VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    finding.rule, int(finding.step), str(finding.mode), finding.mode_step, finding.worker, finding.tensor,
+                    finding.message, None if finding.value is None else float(finding.value), time.time(),
+                ),
+            )
+
     def close(self) -> None:
-        self._db.close()
+        """Mark the run as ended (``meta.ended_at``: readers stop waiting for more steps) and close."""
+        try:
+            with self._db:
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES ('ended_at', ?)", (repr(time.time()),))
+        finally:
+            self._db.close()
