@@ -47,11 +47,12 @@ import numpy as np
 
 from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, RunInfo
-from tensorlens.backends.keys import key_parts
+from tensorlens.backends.keys import PRIMARY_WORKERS, key_parts
 from tensorlens.backends.optional import import_optional, is_lightning_logger
 from tensorlens.findings import Finding
 from tensorlens.modes import ModeKeys
 from tensorlens.records import HistogramEntry, StepRecord
+from tensorlens.stats.registry import STATISTICS
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_KEY_LENGTH",
     "QUANTILES",
+    "SERIES_SUFFIXES",
     "MLflowBackend",
     "MetricKeyMapper",
     "histogram_quantiles",
@@ -133,45 +135,64 @@ def _short_hash(identity: str, length: int = _HASH_LENGTH) -> str:
     return hashlib.sha1(identity.encode("utf-8")).hexdigest()[:length]
 
 
+# A key ending like a hash suffix is never kept as it is, so no kept key can equal a hashed one.
+_LOOKS_HASHED = re.compile(r"-[0-9a-f]{8,}$")
+
+
 class MetricKeyMapper:
-    """Maps original keys to valid, unique MLflow metric keys, remembering every decision.
+    """Maps keys to valid MLflow metric keys, injectively and without memory of other keys.
 
-    A key keeps its cleaned form (:func:`mlflow_metric_key`) when that form is free and at most
-    250 characters. Otherwise it gets ``-<8 hex digits>`` of the SHA-1 of the original key
-    (the cleaned form cut short enough to fit first), so two distinct keys never share a metric.
-    The first key to claim a cleaned form keeps it; a later key that cleans to the same string is
-    the one that gets the hash. The same sequence of keys therefore always gives the same metrics.
+    A key is kept as it is when it is *canonical* (see :meth:`MLflowBackend.metric_key`), a valid
+    MLflow key (:func:`mlflow_metric_key` leaves it unchanged), at most 250 characters, and does not
+    end like a hash suffix (``-`` and 8 or more hex digits). Any other key becomes its cleaned form,
+    cut to fit, plus ``-<8 hex digits>`` of the SHA-1 of its ``identity`` (default: the key).
 
-    ``identity`` (default: the key) tells keys apart: two identities are two metrics even when
-    their keys are equal strings.
+    The decision depends on the key alone, never on which keys came first, so every process, run,
+    mode and worker maps a key to the same metric, and two keys that clean to one string (``lin@1``
+    and ``lin#1``, or ``lin_1`` and ``lin@1``) are two metrics in any order. Distinct identities can
+    only share a metric through a SHA-1 prefix collision; the mapper remembers what it gave out
+    and lengthens the suffix if that ever happens within a process.
 
     >>> mapper = MetricKeyMapper()
-    >>> mapper("a[0]"), mapper("a_0_"), mapper("a[0]")
-    ('a_0_', 'a_0_-02d1cacd', 'a_0_')
+    >>> mapper("a_0_"), mapper("a[0]"), mapper("a(0)")
+    ('a_0_', 'a_0_-b2fa95a4', 'a_0_-a4b7b84f')
     """
 
     def __init__(self) -> None:
         self._by_identity: dict[str, str] = {}
         self._owner: dict[str, str] = {}  # mapped key -> identity that holds it
 
-    def __call__(self, key: str, identity: str | None = None) -> str:
+    def __call__(self, key: str, identity: str | None = None, canonical: bool = True) -> str:
         identity = key if identity is None else identity
         mapped = self._by_identity.get(identity)
         if mapped is not None:
             return mapped
-        mapped = mlflow_metric_key(key)
+        keep = canonical and len(key) <= MAX_KEY_LENGTH and not _LOOKS_HASHED.search(key) and mlflow_metric_key(key) == key
+        mapped = key if keep else _hashed(key, identity, _HASH_LENGTH)
         length = _HASH_LENGTH
-        while len(mapped) > MAX_KEY_LENGTH or self._owner.get(mapped, identity) != identity:
-            # a longer hash if even the hashed form is taken (never expected in practice)
-            suffix = "-" + _short_hash(identity, length)
-            mapped = mlflow_metric_key(key)[: MAX_KEY_LENGTH - len(suffix)] + suffix
+        while self._owner.get(mapped, identity) != identity:  # a SHA-1 prefix collision (never seen)
             length += 4
+            mapped = _hashed(key, identity, length)
         self._owner[mapped] = identity
         self._by_identity[identity] = mapped
         return mapped
 
     def __len__(self) -> int:
         return len(self._by_identity)
+
+
+def _hashed(key: str, identity: str, length: int) -> str:
+    suffix = "-" + _short_hash(identity, length)
+    return mlflow_metric_key(key)[: MAX_KEY_LENGTH - len(suffix)] + suffix
+
+
+#: Names that end a ``<tensor>/<name>`` series: the statistics (any the engine records, with their
+#: ``abs_`` forms) and the quantile suffixes. A plain scalar whose name ends in one of them
+#: (``summarize_scalar("grad/l2")``) could be mistaken for a statistic of a tensor, so it is the one
+#: that gets a hash suffix (see :meth:`MLflowBackend.metric_key`).
+SERIES_SUFFIXES: frozenset[str] = frozenset([*STATISTICS, *(suffix for suffix, _ in QUANTILES)])
+_MODE_NAMES = frozenset(str(mode) for mode in ModeKeys)
+_WORKER_INFIX = re.compile(r"^worker_\d+$")
 
 
 # ---------------------------------------------------------------------------- quantiles
@@ -342,17 +363,16 @@ class MLflowBackend(Backend):
         # record's timestamp after the previous one.
         timestamp = max(int(record.wall_time * 1000), self._last_timestamp + 1)
         self._last_timestamp = timestamp
-        values: dict[str, float] = {entry.key: float(entry.value) for entry in record.scalars}
+        # one value per metric: a series named twice in a record keeps its last value, as the reader does
+        values: dict[str, float] = {}
+        for (tensor, stat), value in zip(record.scalar_names, record.scalar_values.tolist(), strict=True):
+            values[self.metric_key(tensor, stat, record.mode, record.worker)] = value
         for histogram in record.histograms:
             quantiles = histogram_quantiles(histogram.counts, histogram.edges, [q for _, q in QUANTILES])
             if quantiles is not None:
-                for (suffix, _), value in zip(QUANTILES, quantiles, strict=True):
-                    values.setdefault(f"{histogram.tensor}/{suffix}", float(value))
-        # sorted: which of two colliding keys keeps the clean name must not depend on entry order
-        metrics = [
-            Metric(self.metric_key(key, record.mode, record.worker), values[key], timestamp, record.step)
-            for key in sorted(values)
-        ]
+                for (suffix, _), value in zip(QUANTILES, quantiles.tolist(), strict=True):
+                    values[self.metric_key(histogram.tensor, suffix, record.mode, record.worker)] = value
+        metrics = [Metric(key, value, timestamp, record.step) for key, value in values.items()]
 
         if self.histogram_every and record.histograms:
             self._chunk(record.mode).add(record)
@@ -420,15 +440,37 @@ class MLflowBackend(Backend):
 
     # -- metrics
 
-    def metric_key(self, key: str, mode: ModeKeys | str = ModeKeys.TRAIN, worker: str | None = None) -> str:
-        """The MLflow metric that holds the series ``key`` (``"collection/tensor/stat"``) of ``mode``.
+    def metric_key(
+        self, tensor: str, stat: str | None = None, mode: ModeKeys | str = ModeKeys.TRAIN, worker: str | None = None
+    ) -> str:
+        """The MLflow metric that holds the series ``stat`` of ``tensor`` (``None``/``""``: the plain
+        scalar ``tensor``; a quantile suffix such as ``"p50"``: a quantile of its histogram) in ``mode``.
 
-        >>> backend.metric_key("gradients/fc1.weight/l2", mode="eval")  # doctest: +SKIP
+        The readable key ``<prefix>/[<mode>/][<worker>/]<tensor>[/<stat>]`` is kept when it names
+        this series and no other: the mode infix is a mode, the worker infix is ``worker_<n>``, the
+        tensor's collection is neither, a statistic is one of :data:`SERIES_SUFFIXES` and a plain
+        scalar's name does not end in one; otherwise (and for keys MLflow would refuse) the key
+        gets a hash suffix of the series' identity (see :class:`MetricKeyMapper`).
+
+        >>> backend.metric_key("gradients/fc1.weight", "l2", mode="eval")  # doctest: +SKIP
         'tensorlens/eval/gradients/fc1.weight/l2'
+        >>> backend.metric_key("summaries/grad/l2")  # a plain scalar  # doctest: +SKIP
+        'tensorlens/summaries/grad/l2-f9fa4e79'
         """
-        parts = [*key_parts(self.prefix, mode, worker), key]
-        # the identity keeps the parts apart, so mode "eval" + "x" and a collection "eval/x" differ
-        return self.keys("/".join(p for p in parts if p), identity="\x00".join(parts))
+        stat = stat or ""
+        infix = key_parts("", mode, worker)  # the mode and worker parts (see tensorlens.backends.keys)
+        named_worker = str(worker) if worker is not None and worker not in PRIMARY_WORKERS else None
+        parts = [p for p in (self.prefix, *infix, tensor, stat) if p]
+        first = tensor.split("/", 1)[0]
+        last = tensor.rsplit("/", 1)[-1]
+        canonical = (
+            all(part in _MODE_NAMES or _WORKER_INFIX.match(part) for part in infix)
+            and first not in _MODE_NAMES and not _WORKER_INFIX.match(first)
+            and (stat in SERIES_SUFFIXES if stat else "/" not in tensor or last not in SERIES_SUFFIXES)
+        )
+        # the identity is the structure, so "eval" + "x" and a collection "eval/x" stay apart
+        identity = json.dumps([self.prefix, str(ModeKeys.coerce(mode)), named_worker, tensor, stat])
+        return self.keys("/".join(parts), identity=identity, canonical=canonical)
 
     def _send(self, metrics: list[Any]) -> None:
         assert self._client is not None, "MLflowBackend.write before open"
