@@ -89,9 +89,11 @@ _MAX_PENDING_ASYNC = 32
 _HEATMAP_COLUMNS = 256
 _HEATMAP_ROWS = 100
 _HEATMAP_LOG_FLOOR = -4.0  # colours span fractions 1e-4 .. 1; smaller ones are drawn at the floor
-# close() draws heatmaps for at most this long: the dispatcher waits 60 s for a backend to close
+# close() draws heatmaps for at most this long (the dispatcher waits for a backend's close() until
+# its close timeout, 60 s by default)
 _HEATMAP_BUDGET_S = 30.0
-_PROBE_TIMEOUT_S = 10.0
+# a TCP connect to a live server takes far less; a dead host's connect would otherwise take minutes
+_PROBE_TIMEOUT_S = 5.0
 
 
 def _import_mlflow() -> Any:
@@ -308,7 +310,6 @@ class MLflowBackend(Backend):
         self._chunks: dict[ModeKeys, _HistogramChunk] = {}
         self._columns: dict[tuple[ModeKeys, str], _HeatmapColumns] = {}
         self._tmp: str | None = None
-        self._suspect = False  # a write failed: check the server is reachable before the next one
         self._finding_counts: dict[str, int] = {}
         self._last_timestamp = 0
 
@@ -356,8 +357,9 @@ class MLflowBackend(Backend):
     def write(self, record: StepRecord) -> None:
         from mlflow.entities import Metric
 
-        if self._suspect:
-            _probe(self.tracking_uri)  # fail fast while the server is down instead of retrying for minutes
+        # MLflow retries a refused connection for minutes; one TCP connect first (about 0.1 ms on a
+        # LAN) turns a dead server into one clear error at once, so records fail instead of piling up
+        _probe(self.tracking_uri)
         # MLflow keys a metric point by (key, step, timestamp, value): two eval mode steps closed in
         # the same millisecond at one optimizer step would collapse into one point. Keep every
         # record's timestamp after the previous one.
@@ -387,13 +389,9 @@ class MLflowBackend(Backend):
             self._send(metrics)
             if full is not None:
                 self._upload_chunk(full)
-        except Exception:
-            self._suspect = True
-            raise
         finally:
             if full is not None:  # let go even when it failed: memory stays bounded while a server is down
                 self._chunks.pop(record.mode, None)
-        self._suspect = False
 
     def write_finding(self, finding: Finding) -> None:
         """A rule finding: the tag ``tensorlens.rules.<rule>`` holds its latest message, and the
@@ -401,6 +399,7 @@ class MLflowBackend(Backend):
         from mlflow.entities import Metric, RunTag
 
         assert self._client is not None, "MLflowBackend.write_finding before open"
+        _probe(self.tracking_uri)  # a dead server: one clear error at once (see write)
         count = self._finding_counts[finding.rule] = self._finding_counts.get(finding.rule, 0) + 1
         timestamp = max(int(time.time() * 1000), self._last_timestamp + 1)
         self._last_timestamp = timestamp
@@ -414,8 +413,17 @@ class MLflowBackend(Backend):
     def flush(self) -> None:
         """Wait for asynchronous batches and upload the histogram chunks begun so far.
 
-        A chunk uploaded early is uploaded again, under the same name, once it is complete.
+        A chunk uploaded early is uploaded again, under the same name, once it is complete. When
+        the server is unreachable, raises ``ConnectionError`` at once instead of waiting for
+        MLflow's retries (asynchronous batches are left to MLflow's own queue).
         """
+        if not self._pending and not any(chunk.dirty for chunk in self._chunks.values()):
+            return
+        try:
+            _probe(self.tracking_uri)
+        except ConnectionError:
+            self._pending = []
+            raise
         self._wait(len(self._pending))
         for chunk in list(self._chunks.values()):
             if chunk.dirty:
@@ -428,6 +436,9 @@ class MLflowBackend(Backend):
         for step in (self.flush, self._upload_heatmaps):
             try:
                 step()
+            except ConnectionError as err:  # the server is down: nothing else can reach it either
+                errors.append(err)
+                break
             except Exception as err:  # keep going: the heatmaps do not depend on the chunks
                 errors.append(err)
         self._chunks.clear()
@@ -525,6 +536,7 @@ class MLflowBackend(Backend):
             painter = _HeatmapPainter()
         except ImportError:
             return  # heatmaps are a convenience; the quantiles and chunks hold the same information
+        _probe(self.tracking_uri)  # not 30 s of drawing for a server that is gone
         folder = os.path.join(self._tmp, "heatmaps")
         names = MetricKeyMapper()  # file names follow the metric-key rules: no "..", no empty parts
         deadline = time.monotonic() + _HEATMAP_BUDGET_S
@@ -543,6 +555,7 @@ class MLflowBackend(Backend):
             painter.draw(columns, f"{tensor} ({mode})", "step" if mode == ModeKeys.TRAIN else f"{mode} step", path)
         if not os.path.isdir(folder):
             return
+        _probe(self.tracking_uri)
         self._client.log_artifacts(self.run_id, folder, f"{self.artifact_root}/heatmaps")
 
 
@@ -701,7 +714,8 @@ def _probe(uri: str | None, timeout: float = _PROBE_TIMEOUT_S) -> None:
 
     MLflow retries a refused connection with exponential backoff for about four minutes per call
     (``MLFLOW_HTTP_REQUEST_MAX_RETRIES=7``); one TCP connect tells a server that is down apart
-    within ``timeout`` seconds, so a dead tracker costs training nothing, not even at close.
+    within ``timeout`` seconds, so a dead tracker costs training nothing and close() next to
+    nothing (a server that dies during a request is bounded by the dispatcher's stall timeout).
     Skipped for other URIs and when a proxy is configured for the host (the proxy decides then).
     """
     if not uri:

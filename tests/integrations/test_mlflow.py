@@ -18,11 +18,14 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import urllib.request
+import warnings
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -88,10 +91,9 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         process.wait(timeout=30)
 
 
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real ``mlflow server`` (SQLite store, proxied artifacts) on 127.0.0.1; yields its URI."""
-    root = tmp_path_factory.mktemp("mlflow-server")
+def _start_server(root: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A real ``mlflow server`` (SQLite store, proxied artifacts) on 127.0.0.1 in its own
+    process group; returns it and its URI once it answers /health."""
     port = _free_port()
     uri = f"http://127.0.0.1:{port}"
     command = [
@@ -106,13 +108,21 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=root, env=env, start_new_session=True)
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while not _healthy(uri):
+        if process.poll() is not None or time.monotonic() > deadline:
+            _stop(process)
+            tail = log_path.read_text(errors="replace")[-3000:]
+            pytest.fail(f"mlflow server did not become healthy (exit code {process.poll()}):\n{tail}")
+        time.sleep(0.5)
+    return process, uri
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real ``mlflow server`` shared by the tests that leave it running; yields its URI."""
+    process, uri = _start_server(tmp_path_factory.mktemp("mlflow-server"))
     try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while not _healthy(uri):
-            if process.poll() is not None or time.monotonic() > deadline:
-                tail = log_path.read_text(errors="replace")[-3000:]
-                pytest.fail(f"mlflow server did not become healthy (exit code {process.poll()}):\n{tail}")
-            time.sleep(0.5)
         yield uri
     finally:
         _stop(process)
@@ -718,3 +728,107 @@ def test_unreachable_tracker_does_not_break_training(tmp_path: Path) -> None:
         assert run.steps(mode="train") == list(range(0, TRAIN_STEPS, SAVE_INTERVAL))
         assert len(run.steps(mode="eval")) == len(range(0, EVAL_BATCHES, SAVE_INTERVAL))
         assert run.tensor("gradients/fc1.weight").reduction_values("l2").keys() == set(range(0, TRAIN_STEPS, SAVE_INTERVAL))
+
+
+# ---------------------------------------------------------------------------- a tracker that dies or hangs mid-run
+
+
+@pytest.fixture
+def own_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A server of this test's own, to kill or to freeze."""
+    process, uri = _start_server(tmp_path_factory.mktemp("mlflow-own-server"))
+    try:
+        yield process, uri
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGCONT)  # a frozen server must be able to take SIGTERM
+        _stop(process)
+
+
+def _train_steps(hook: tl.Hook, model: nn.Module, steps: int) -> None:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(torch.randn(16, 4)), torch.randn(16, 2)).backward()
+        optimizer.step()
+
+
+def _refuses(uri: str) -> bool:
+    port = int(uri.rsplit(":", 1)[1])
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        return False
+    except OSError:
+        return True
+
+
+def _tensorlens_warnings(caught: list[Any]) -> list[str]:
+    return [str(w.message) for w in caught if str(w.message).startswith("tensorlens: backend MLflowBackend")]
+
+
+@pytest.mark.timeout(600)
+def test_a_tracker_killed_mid_run_costs_close_nothing_and_every_record_is_counted(own_server, tmp_path: Path) -> None:
+    process, uri = own_server
+    client = MlflowClient(uri)
+    run_id = _new_run(client, tmp_path)
+    backend = MLflowBackend(tracking_uri=uri, run_id=run_id, histogram_every=3)
+    model = Tiny()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hook = tl.watch(model, save_interval=1, activations=True, backends=[backend], out_dir=tmp_path / "run")
+        _train_steps(hook, model, 4)
+        assert hook.flush() is True
+        before = client.get_metric_history(run_id, "tensorlens/gradients/fc1.weight/l2")
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+        assert _refuses(uri)
+        _train_steps(hook, model, 4)
+        started = time.monotonic()
+        hook.close()
+        print(f"close() after the MLflow server was killed: {time.monotonic() - started:.2f} s")
+
+    assert [m.step for m in before] == [0, 1, 2, 3]
+    stats = hook.backend_stats()
+    assert stats["local"].written == 8
+    mlflow_stats = stats["mlflow"]
+    assert (mlflow_stats.written, mlflow_stats.failed, mlflow_stats.dropped, mlflow_stats.abandoned) == (4, 4, 0, 0)
+    assert mlflow_stats.produced == 8
+    messages = _tensorlens_warnings(caught)
+    assert messages and all("unreachable" in m for m in messages), messages
+    assert f"the MLflow tracking server at {uri} is unreachable" in messages[0]
+    assert not any("falling behind" in m or "blocked" in m for m in messages)
+    with tl.open_run(hook.run_dir) as run:
+        assert run.steps() == list(range(8))
+
+
+@pytest.mark.timeout(600)
+def test_a_frozen_tracker_holds_close_only_for_the_stall_timeout(own_server, tmp_path: Path) -> None:
+    """SIGSTOP: the server still accepts connections (the kernel does) but never answers."""
+    process, uri = own_server
+    client = MlflowClient(uri)
+    run_id = _new_run(client, tmp_path)
+    backend = MLflowBackend(tracking_uri=uri, run_id=run_id, histogram_every=0, heatmaps=False)
+    model = Tiny()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hook = tl.watch(model, save_interval=1, backends=[backend], out_dir=tmp_path / "run")
+        _train_steps(hook, model, 3)
+        assert hook.flush() is True
+        os.killpg(process.pid, signal.SIGSTOP)
+        try:
+            _train_steps(hook, model, 3)
+            started = time.monotonic()
+            hook.close()
+            print(f"close() with the MLflow server frozen: {time.monotonic() - started:.2f} s")
+            # close() returned while the backend still waits for the frozen server
+            assert any(t.name == "tensorlens-mlflow" and t.is_alive() for t in threading.enumerate())
+        finally:
+            os.killpg(process.pid, signal.SIGCONT)
+
+    stats = hook.backend_stats()["mlflow"]
+    assert stats.produced == 6 and stats.written == 3 and stats.failed == 0
+    assert stats.written + stats.failed + stats.dropped + stats.abandoned == 6 and stats.abandoned == 3
+    messages = _tensorlens_warnings(caught)
+    assert len(messages) == 1 and "was blocked in write() for" in messages[0] and "3 record(s) abandoned" in messages[0]
+    with tl.open_run(hook.run_dir) as run:
+        assert run.steps() == list(range(6))
