@@ -29,6 +29,7 @@ from tensorlens.scales import (
     track_scales,
 )
 from tensorlens.store.reader import Run, TensorDescriptor, TensorView, open_run
+from tensorlens.store.validate import CorruptRunError
 from tensorlens.watch import watch
 
 __version__ = "0.1.0"
@@ -36,6 +37,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Backend",
     "Collection",
+    "CorruptRunError",
     "Finding",
     "HistogramConfig",
     "HistogramEntry",
