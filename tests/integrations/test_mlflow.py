@@ -420,17 +420,23 @@ _HOSTILE = "ab_1/.-: @#[]()é,+*\\\t"
 
 
 def _series(rng: random.Random, count: int) -> list[tuple[str, str, str, str]]:
-    """``count`` distinct series ``(mode, worker, tensor, stat)`` whose names clean to few strings."""
+    """``count`` distinct series ``(mode, worker, tensor, stat)`` whose names clean to few strings.
+
+    ``worker_0`` and ``reduced`` are both a run's own worker (one run has one of them: see
+    ``tensorlens.backends.keys``), so they are one series here, drawn as either.
+    """
     collections = ["weights", "gradients", "summaries", "scalars", "eval", "worker_1", "train", "attn/weights", "a@b"]
     stats = [*sorted(SERIES_SUFFIXES), "", "", "", "lr", "x-deadbeef", "odd[0]"]
-    found: set[tuple[str, str, str, str]] = set()
+    found: dict[tuple[str, str, str, str], tuple[str, str, str, str]] = {}
     while len(found) < count:
         name = "".join(rng.choice(_HOSTILE) for _ in range(rng.randint(0, 3)))
         if rng.random() < 0.02:
             name = "z" * rng.randint(230, 260) + name
         mode = rng.choice([m.value for m in tl.ModeKeys])
-        found.add((mode, rng.choice(["worker_0", "worker_1", "worker_7", "reduced"]), f"{rng.choice(collections)}/{name}", rng.choice(stats)))
-    return sorted(found)
+        worker = rng.choice(["worker_0", "worker_1", "worker_7", "reduced"])
+        series = (mode, worker, f"{rng.choice(collections)}/{name}", rng.choice(stats))
+        found.setdefault((mode, worker if worker in ("worker_1", "worker_7") else "own", *series[2:]), series)
+    return sorted(found.values())
 
 
 def _mapping(series: list[tuple[str, str, str, str]], order: list[int], uri: str) -> dict[tuple[str, str, str, str], str]:
