@@ -28,8 +28,8 @@ from tensorlens.scales import (
     prune_selected_nodes,
     track_scales,
 )
+from tensorlens.store.errors import CorruptRunError
 from tensorlens.store.reader import Run, TensorDescriptor, TensorView, open_run
-from tensorlens.store.validate import CorruptRunError
 from tensorlens.watch import watch
 
 __version__ = "0.1.0"

@@ -23,12 +23,11 @@ from tensorlens.findings import Finding
 from tensorlens.modes import ModeKeys
 from tensorlens.records import StepRecord, TensorEntry
 from tensorlens.store.files import StepRow, StoreFile
-from tensorlens.store.schema import histogram_info
+from tensorlens.store.schema import histogram_info, store_files
 from tensorlens.store.validate import (
     CorruptRunError,
     histogram_arrays,
     scalar_values,
-    store_files,
     tensor_array,
 )
 

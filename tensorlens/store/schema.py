@@ -27,6 +27,7 @@ import io
 import os
 import re
 import sqlite3
+import stat
 import zlib
 from pathlib import Path
 
@@ -34,6 +35,7 @@ import numpy as np
 
 from tensorlens.modes import ModeKeys
 from tensorlens.records import HISTOGRAM_INFO, HISTOGRAM_INTEGER_INFO
+from tensorlens.store.errors import CorruptRunError
 
 # 3: one row per step for all scalars and one for all histograms, packed as arrays, with the
 #    names in a ``layouts`` table (a step's layout is almost always the previous step's).
@@ -216,3 +218,40 @@ def last_steps(path: str) -> dict[ModeKeys, int]:
     finally:
         db.close()
     return {ModeKeys(mode): int(last) for mode, last in rows if mode in {m.value for m in ModeKeys}}
+
+
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular file is, in words."""
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def stat_path(path: str) -> os.stat_result:
+    """``os.stat(path)``; a path that cannot be opened (a symlink loop) is a :class:`CorruptRunError`."""
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no tensorlens run at {path!r}") from None
+    except OSError as err:  # a symlink loop (ELOOP), a name too long, no permission
+        raise CorruptRunError(path, f"it cannot be opened: {err.strerror or err}") from None
+
+
+def store_files(path: str) -> list[str]:
+    """The store files of a run folder (the primary one first), or ``[path]`` for a store file.
+
+    Never opens anything that is not a regular file or a folder: reading a FIFO blocks forever.
+    """
+    info = stat_path(path)
+    if stat.S_ISREG(info.st_mode):
+        return [path]
+    if not stat.S_ISDIR(info.st_mode):
+        raise CorruptRunError(path, f"it is {file_kind(info.st_mode)}, not a run folder or a store file")
+    try:
+        names = sorted(n for n in os.listdir(path) if FILE_PATTERN.match(n))
+    except OSError as err:
+        raise CorruptRunError(path, f"the folder cannot be listed: {err.strerror or err}") from None
+    names.sort(key=lambda n: n != "tensorlens.sqlite")
+    return [os.path.join(path, n) for n in names]

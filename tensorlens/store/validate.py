@@ -18,7 +18,7 @@ A file that exists but holds no table yet (a worker's store being created) is re
 
 >>> raise CorruptRunError("/runs/a/tensorlens.sqlite", "the row's checksum does not match", "scalars", "train step 3")
 Traceback (most recent call last):
-tensorlens.store.validate.CorruptRunError: corrupt run store /runs/a/tensorlens.sqlite (table scalars, train step 3): the row's checksum does not match
+tensorlens.store.errors.CorruptRunError: corrupt run store /runs/a/tensorlens.sqlite (table scalars, train step 3): the row's checksum does not match
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import dataclasses
 import io
 import json
 import math
-import os
 import sqlite3
 import stat
 from typing import Any
@@ -36,9 +35,10 @@ import numpy as np
 
 from tensorlens.modes import ModeKeys
 from tensorlens.records import HISTOGRAM_INFO, HISTOGRAM_INTEGER_INFO
-from tensorlens.store.schema import COLUMNS, FILE_PATTERN, SCHEMA_VERSION, row_checksum
+from tensorlens.store.errors import CorruptRunError
+from tensorlens.store.schema import COLUMNS, SCHEMA_VERSION, file_kind, row_checksum, stat_path
 
-__all__ = ["CorruptRunError", "Layout", "SchemaVersionError", "check_row", "store_files"]
+__all__ = ["CorruptRunError", "Layout", "SchemaVersionError", "check_file", "check_row", "check_tables"]
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _MODES = frozenset(m.value for m in ModeKeys)
@@ -46,18 +46,6 @@ _INFO_WIDTH = len(HISTOGRAM_INFO)
 _INTEGER_COLUMNS = [i for i, key in enumerate(HISTOGRAM_INFO) if key in HISTOGRAM_INTEGER_INFO]
 _SAMPLED = HISTOGRAM_INFO.index("sampled")
 _MAX_BINS = 1 << 24  # far above any histogram config; a larger count is damage, not data
-
-
-class CorruptRunError(ValueError):
-    """A run store that cannot be read as one: what is wrong, in which file, table and step.
-
-    ``path``, ``table`` and ``where`` hold the place, ``problem`` the reason.
-    """
-
-    def __init__(self, path: str, problem: str, table: str | None = None, where: str | None = None) -> None:
-        self.path, self.problem, self.table, self.where = path, problem, table, where
-        place = ", ".join(p for p in (f"table {table}" if table else None, where) if p)
-        super().__init__(f"corrupt run store {path}{f' ({place})' if place else ''}: {problem}")
 
 
 class SchemaVersionError(CorruptRunError):
@@ -74,46 +62,11 @@ class SchemaVersionError(CorruptRunError):
 # ------------------------------------------------------------------------------------- files
 
 
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder")):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def _stat(path: str) -> os.stat_result:
-    try:
-        return os.stat(path)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"no tensorlens run at {path!r}") from None
-    except OSError as err:  # a symlink loop (ELOOP), a name too long, no permission
-        raise CorruptRunError(path, f"it cannot be opened: {err.strerror or err}") from None
-
-
-def store_files(path: str) -> list[str]:
-    """The store files of a run folder (the primary one first), or ``[path]`` for a store file.
-
-    Never opens anything that is not a regular file or a folder: reading a FIFO blocks forever.
-    """
-    info = _stat(path)
-    if stat.S_ISREG(info.st_mode):
-        return [path]
-    if not stat.S_ISDIR(info.st_mode):
-        raise CorruptRunError(path, f"it is {_kind(info.st_mode)}, not a run folder or a store file")
-    try:
-        names = sorted(n for n in os.listdir(path) if FILE_PATTERN.match(n))
-    except OSError as err:
-        raise CorruptRunError(path, f"the folder cannot be listed: {err.strerror or err}") from None
-    names.sort(key=lambda n: n != "tensorlens.sqlite")
-    return [os.path.join(path, n) for n in names]
-
-
 def check_file(path: str) -> bool:
     """Check a store file before SQLite opens it; ``False`` when it is empty (being created)."""
-    info = _stat(path)
+    info = stat_path(path)
     if not stat.S_ISREG(info.st_mode):
-        raise CorruptRunError(path, f"it is {_kind(info.st_mode)}, not a store file")
+        raise CorruptRunError(path, f"it is {file_kind(info.st_mode)}, not a store file")
     if info.st_size == 0:
         return False
     try:

@@ -1,9 +1,11 @@
-"""The run store keeps findings and says when a run has ended; files from before both still read."""
+"""The run store keeps findings and says when a run has ended."""
 
 from __future__ import annotations
 
 import sqlite3
 from typing import Any
+
+import pytest
 
 import tensorlens as tl
 from tensorlens.findings import Finding
@@ -30,14 +32,21 @@ def test_findings_round_trip_and_the_end_mark(tmp_path: Any) -> None:
         assert run.ended
 
 
-def test_a_file_without_findings_or_end_mark_still_reads(tmp_path: Any) -> None:
+def test_a_run_without_end_mark_reads_as_not_ended_and_a_missing_findings_table_is_damage(tmp_path: Any) -> None:
+    # schema 4 stores have the findings table from the start (older schemas are refused as a
+    # whole): a store without it was damaged; one without the end mark crashed or is being written
     writer = RunStoreWriter(str(tmp_path / "tensorlens.sqlite"))
     writer.write(tl.StepRecord(0, "train", 0, "worker_0", 1.0, scalars=[tl.ScalarEntry("losses/x", None, 2.0)]))
     writer.close()
     db = sqlite3.connect(str(tmp_path / "tensorlens.sqlite"))
     with db:
-        db.execute("DROP TABLE findings")
         db.execute("DELETE FROM meta WHERE key = 'ended_at'")
     db.close()
     with tl.open_run(str(tmp_path)) as run:
         assert run.findings() == [] and not run.ended and run.steps() == [0]
+    db = sqlite3.connect(str(tmp_path / "tensorlens.sqlite"))
+    with db:
+        db.execute("DROP TABLE findings")
+    db.close()
+    with pytest.raises(tl.CorruptRunError, match=r"tables \['findings'\] are missing"):
+        tl.open_run(str(tmp_path))

@@ -44,9 +44,15 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[tuple
     folder = tmp_path_factory.mktemp("pristine") / "run"
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+
+    class ProbeIsZero(tl.rules.Rule):  # fires at step 0 (the probe is all zeros): findings are stored
+        def invoke_at_step(self, record: tl.StepRecord) -> bool:
+            return record.scalar("summaries/probe", "max") == 0.0
+
     hook = tl.Hook(
         out_dir=folder, backends=["local"], include_collections=["weights", "gradients", "activations", "summaries"],
         save_config=tl.SaveConfig(save_interval=2), histogram_config=tl.HistogramConfig(bins=8),
+        rules=[ProbeIsZero(action=lambda finding: None)],
     )
     hook.register_module(model)
     hook.get_collection("summaries").reduction_config = tl.ReductionConfig(save_raw_tensor=True, save_shape=True)
@@ -66,6 +72,7 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[tuple
     with tl.open_run(str(folder)) as run:
         answers = _read_everything(run)
     assert all(not isinstance(a, BaseException) for _, a in answers), answers
+    assert dict(answers)["findings"] and dict(answers)["ended"] is True
     return folder, answers
 
 
@@ -83,7 +90,10 @@ def _read_everything(run: tl.Run) -> list[tuple[str, Any]]:
         out.append((what, answer))
         return answer
 
-    ask("meta", lambda: run.meta)
+    ask("meta", lambda: {k: v for k, v in run.meta.items() if k != "ended_at"})
+    ask("ended", lambda: run.ended)
+    ask("findings", lambda: [(f.rule, f.step, str(f.mode), f.tensor, f.message) for f in run.findings()])
+    ask("step_keys", run.step_keys)
     ask("workers", run.workers)
     ask("modes", run.modes)
     for mode in (None, "train", "eval"):
@@ -253,21 +263,26 @@ def _rewrite_row(folder: Path, table: str, change: Callable[[list[Any]], None], 
     con.close()
 
 
-def _flip_first_byte(values: list[Any], column: int) -> None:
+def _change(values: list[Any], column: int) -> None:
+    """Change one value a little: a bit of a text or blob, a number (far from any other row's:
+    a key changed to another row's key would be refused by SQLite), a NULL to a text."""
     value = values[column]
-    values[column] = bytes([value[0] ^ 1]) + value[1:] if isinstance(value, bytes) else chr(ord(value[0]) ^ 1) + value[1:]
-
-
-def _bump(values: list[Any], column: int) -> None:
-    # far from any other row's value: a key changed to another row's key would be refused by SQLite
-    values[column] = values[column] + 1000 if isinstance(values[column], int) else values[column] * 2 + 1
+    if isinstance(value, bytes):
+        values[column] = bytes([value[0] ^ 1]) + value[1:]
+    elif isinstance(value, str):
+        values[column] = chr(ord(value[0]) ^ 1) + value[1:]
+    elif isinstance(value, int):
+        values[column] = value + 1000
+    elif isinstance(value, float):
+        values[column] = value * 2 + 1
+    else:
+        values[column] = "was NULL"
 
 
 EDITS: dict[str, tuple[str, Callable[[list[Any]], None], bool]] = {
     # a value changed behind the checksum's back: refused by the checksum
-    **{f"{table}.{name} changed": (table, (lambda v, i=i: _flip_first_byte(v, i)) if kind in (bytes, str) else
-                                   (lambda v, i=i: _bump(v, i)), False)
-       for table, columns in COLUMNS.items() for i, (name, kind) in enumerate(columns)},
+    **{f"{table}.{name} changed": (table, lambda v, i=i: _change(v, i), False)
+       for table, columns in COLUMNS.items() for i, (name, _) in enumerate(columns)},
     # crafted rows with a valid checksum: refused by the checks of types, sizes and values
     "a text where a step is expected": ("steps", lambda v: v.__setitem__(3, "7"), True),
     "an unknown mode": ("steps", lambda v: v.__setitem__(0, "bogus"), True),
