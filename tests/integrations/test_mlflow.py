@@ -759,13 +759,18 @@ def _train_steps(hook: tl.Hook, model: nn.Module, steps: int) -> None:
         optimizer.step()
 
 
-def _refuses(uri: str) -> bool:
+def _refuses(uri: str, within_s: float = 60.0) -> bool:
+    """Whether the server's port refuses connections (its worker processes may take a moment to die)."""
     port = int(uri.rsplit(":", 1)[1])
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
-        return False
-    except OSError:
-        return True
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        except OSError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
 
 
 def _tensorlens_warnings(caught: list[Any]) -> list[str]:
