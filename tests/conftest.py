@@ -52,7 +52,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         message = f"the tests wrote into the repository ({ROOT}): {new[:20]}"
         if reporter is not None:
-            reporter.ensure_newline()
+            reporter.write("\n")
             reporter.write_line(message, red=True)
         else:
             print(message)
