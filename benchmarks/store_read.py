@@ -60,7 +60,7 @@ def run(steps: int = 3000, tensors: int = 63, histograms: int = 53) -> dict[str,
         write = (time.perf_counter() - started) / steps
         writer.close()
         with tl.open_run(folder) as stored:
-            view = stored.tensor(names[min(5, len(names) - 1)])
+            view = stored.tensor(names[min(5, histograms - 1)])  # one with a histogram
             out = {
                 "write per step": write,
                 "open_run": _best(lambda: tl.open_run(folder).close(), 5),
