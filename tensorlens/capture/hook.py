@@ -63,6 +63,9 @@ class Hook(Recorder):
         resume: ``"never"`` (default: an existing run folder is an error; a derived run name
             moves on to ``-2``), ``"allow"`` or ``"must"`` continue a stored run, as in
             ``wandb.init``; see :mod:`tensorlens.store.runs`.
+        collective_timeout: seconds tensorlens's own collectives may wait for the other ranks
+            (default ``$TENSORLENS_COLLECTIVE_TIMEOUT`` or 60); a rank that stops taking part
+            costs the others this once, then each records its own values, with one warning.
         scales: record the per-op forward and backward scales at the steps the ``scales``
             collection saves (:mod:`tensorlens.scales`); ``scales_plot_interval``: every this
             many of those steps the log2 plot is drawn into ``<run_dir>/scales/`` (``None``: never).

@@ -42,7 +42,8 @@ from tensorlens.modes import ModeKeys
 from tensorlens.records import ScalarEntry
 from tensorlens.stats import native
 from tensorlens.store import runs
-from tensorlens.store.schema import last_steps, store_filename
+from tensorlens.store.files import last_steps
+from tensorlens.store.schema import store_filename
 
 if TYPE_CHECKING:
     from tensorlens.findings import Finding
@@ -111,6 +112,7 @@ class Recorder:
         max_pending_steps: int = 64,
         resume: str = "never",
         rules: Sequence[Rule] | None = None,
+        collective_timeout: float | None = None,
     ) -> None:
         if save_config is not None and not isinstance(save_config, SaveConfig):
             raise expected("save_config", "a tl.SaveConfig", save_config)
@@ -127,6 +129,11 @@ class Recorder:
         if out_dir is not None and not isinstance(out_dir, (str, bytes)) and not hasattr(out_dir, "__fspath__"):
             raise expected("out_dir", "None or a path", out_dir)
         runs.check_resume(resume)
+        if collective_timeout is not None and (
+            isinstance(collective_timeout, bool) or not isinstance(collective_timeout, (int, float)) or not collective_timeout > 0
+        ):
+            raise expected("collective_timeout", "None or a positive number of seconds", collective_timeout)
+        self.collective_timeout = collective_timeout
 
         self.planner = Planner(
             save_config or SaveConfig(),
@@ -142,7 +149,7 @@ class Recorder:
         if self.world_size > 1 and include_workers == "reduce":
             from tensorlens.engine.distributed import CollectiveReducer
 
-            self._reducer = CollectiveReducer()
+            self._reducer = CollectiveReducer(timeout=collective_timeout)
 
         self._backends = resolve_backends(backends, self.rank)
         self._rules: Any = None
@@ -184,7 +191,8 @@ class Recorder:
         if self.world_size > 1:
             from tensorlens.engine.distributed import broadcast_run
 
-            share = broadcast_run
+            def share(name: str, run_dir: str) -> tuple[str, str]:
+                return broadcast_run(name, run_dir, timeout=self.collective_timeout)
         return runs.locate(
             out_dir, run_name, active_run_name(self._backends), resume, self._store_file(), rank=self.rank,
             own_store=self.rank == 0 or self.include_workers == "all", share=share,
@@ -198,7 +206,7 @@ class Recorder:
         ``set_step`` sets the true step (the Lightning callback does it from the trainer)."""
         import os
 
-        found = last_steps(os.path.join(self.run_dir, self._store_file()))
+        found = {ModeKeys.coerce(m): last for m, last in last_steps(os.path.join(self.run_dir, self._store_file())).items()}
         if ModeKeys.TRAIN in found:
             self.global_step = found[ModeKeys.TRAIN] + 1
         for mode, last in found.items():

@@ -268,3 +268,18 @@ class StoreFile:
         if not self.refresh():
             return []
         return [check_row(self.path, table, row) for row in self._execute(f"SELECT {select(table)} FROM {table} {where}", args, table)]
+
+
+def last_steps(path: str) -> dict[str, int]:
+    """The last stored step of each mode in one store file (checked: a damaged store raises
+    :class:`CorruptRunError` rather than restart a resumed run at step 0 over its steps): the
+    global step for train, the mode step otherwise. Empty for a new or empty file."""
+    store = StoreFile(path)
+    try:
+        out: dict[str, int] = {}
+        for row in store.steps().values():
+            last = row.step if row.mode == "train" else row.mode_step
+            out[row.mode] = max(out.get(row.mode, last), last)
+        return out
+    finally:
+        store.close()

@@ -33,7 +33,6 @@ from pathlib import Path
 
 import numpy as np
 
-from tensorlens.modes import ModeKeys
 from tensorlens.records import HISTOGRAM_INFO, HISTOGRAM_INTEGER_INFO
 from tensorlens.store.errors import CorruptRunError
 
@@ -201,23 +200,6 @@ def histogram_info(row: np.ndarray) -> dict[str, object]:
         else:
             info[key] = value
     return info
-
-
-def last_steps(path: str) -> dict[ModeKeys, int]:
-    """The last stored step of each mode in one store file: the global step for train, the mode
-    step otherwise (a resumed run goes on after them). Empty for a new or empty file."""
-    if not os.path.isfile(path) or os.path.getsize(path) == 0:
-        return {}
-    db = connect(path, readonly=True)
-    try:
-        rows = db.execute(
-            "SELECT mode, MAX(CASE WHEN mode = 'train' THEN step ELSE mode_step END) FROM steps GROUP BY mode"
-        ).fetchall()
-    except sqlite3.DatabaseError:
-        return {}
-    finally:
-        db.close()
-    return {ModeKeys(mode): int(last) for mode, last in rows if mode in {m.value for m in ModeKeys}}
 
 
 def file_kind(mode: int) -> str:
