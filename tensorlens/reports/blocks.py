@@ -166,7 +166,9 @@ def line_spec(title: str, y_title: str, runs: Sequence[str], log: bool = False, 
         ],
     }
     if dash:
-        encoding["strokeDash"] = {"field": dash, "type": "nominal", "legend": {"orient": "top"}}
+        encoding["strokeDash"] = {"field": dash, "type": "nominal", "legend": {"orient": "top"}, "scale": {
+            # train solid, the other modes dashed
+            "domain": ["train", "eval", "predict", "global"], "range": [[1, 0], [6, 3], [2, 2], [8, 2, 2, 2]]}}
         encoding["tooltip"].append({"field": dash, "type": "nominal"})
     return {
         "$schema": "https://vega.github.io/schema/vega-lite/v6.json",

@@ -138,9 +138,9 @@ def overview(runs: Sequence[RunData], options: ReportOptions) -> Section | None:
                            + ", ".join(plain[options.max_scalar_charts:])))
     if not plain:
         blocks.append(Note("No loss or other plain scalar recorded (tl.watch(model, loss_fn) or hook.register_loss records losses)."))
-    intro = (f"Lines with more than {options.max_points} points are thinned: each of {options.max_points // 2} "
-             "runs of consecutive steps keeps its smallest and largest value, so spikes stay visible; NaN and "
-             "Inf are gaps. Eval and other modes are dashed, at the global step they were recorded at.")
+    intro = (f"Lines with more than {options.max_points} points are thinned: the steps are cut into "
+             f"{options.max_points // 2} stretches and each keeps its smallest and largest value, so spikes stay "
+             "visible; NaN and Inf are gaps. Eval and other modes are dashed, at the global step they were recorded at.")
     return Section("overview", "Gradient norm and losses", blocks, intro=intro)
 
 

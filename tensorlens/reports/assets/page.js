@@ -181,7 +181,8 @@
       var maxDepth = 0;
       v.rows.forEach(function (r) { maxDepth = Math.max(maxDepth, depth(r.id)); });
       count.textContent = query ? v.matched + " match" + (v.matched === 1 ? "" : "es") : nodes.length + " modules";
-      var step = 120, width = Math.max(treeEl.clientWidth - 24, step * maxDepth + 250);
+      // a fixed distance between levels (not stretched to the pane): a shallow tree stays compact
+      var step = 130, width = Math.max(step * maxDepth + 250, 320);
       // labels of inner nodes sit above their node and get the room up to the next level
       return treeView.width(width).height(Math.max(60, 24 * leaves))
         .signal("innerLimit", Math.max(60, (width - 250) / Math.max(maxDepth, 1) - 14))
@@ -274,14 +275,14 @@
       });
       explorerState.charts = Promise.all(pendingCharts);
     }
-    var explorerState = {select: function (id) { select(id); return redraw().then(function () { return explorerState.charts; }); },
-                         charts: Promise.resolve(), redraw: redraw};
+    var explorerState = {select: function (id) { select(id); return redraw().then(function () { return explorerState.charts; }).then(function () { return id; }); },
+                         charts: Promise.resolve(), redraw: function () { return redraw().then(function () { return true; }); }};
     // open on the first module that owns tensors, so the page is never empty
     var start = nodes.filter(function (n) { return (payload.owned[n.id] || []).length && n.id !== ""; })[0];
     if (start) select(start.id); else select("");
     explorerState.ready = vegaEmbed(treeEl, spec, {actions: false, renderer: "canvas", logLevel: vega.Warn})
       .then(function (result) { explorerState.tree = result.view; treeEl.setAttribute("data-rendered", "1"); return attach(result.view); })
-      .then(function () { return explorerState.charts; })
+      .then(function () { return explorerState.charts; }).then(function () { return true; })
       .catch(function (err) { errors.push(String(err)); treeEl.textContent = "The tree could not be drawn: " + err; throw err; });
     return explorerState;
   }
