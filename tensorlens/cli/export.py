@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from tensorlens.cli.group import PipeClosed
 from tensorlens.cli.progress import progress, record_count
 from tensorlens.modes import ModeKeys
 from tensorlens.records import StepRecord
@@ -138,7 +139,11 @@ def command(run: str, fmt: str, output: str | None, mode: str | None, worker: st
                     if os.path.exists(tmp):
                         os.remove(tmp)
             elif output == "-":
-                rows = write_csv(opened, sys.stdout, mode, worker, pattern, advance)
+                try:
+                    rows = write_csv(opened, sys.stdout, mode, worker, pattern, advance)
+                    sys.stdout.flush()
+                except BrokenPipeError:
+                    raise PipeClosed from None
             else:
                 tmp = f"{output}.tmp-{os.getpid()}"
                 try:

@@ -8,6 +8,7 @@ import math
 import os
 import shutil
 import sys
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -87,6 +88,7 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], width: i
             parts.append(text.rjust(widths[i]) if numeric[i] else text.ljust(widths[i]))
         lines.append("  ".join(parts).rstrip())
     if dropped:
-        lines.append(f"({len(dropped)} more column{'s' if len(dropped) > 1 else ''} not shown: {', '.join(dropped)}; "
-                     "pick some with --stat, or widen the terminal)")
+        note = (f"({len(dropped)} more column{'s' if len(dropped) > 1 else ''} not shown: {', '.join(dropped)}; "
+                "pick some with --stat, or widen the terminal)")
+        lines.extend(textwrap.wrap(note, width=max(width, 20)))
     return lines
