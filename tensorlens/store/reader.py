@@ -293,6 +293,8 @@ class Run:
             for name, data in db.execute(f"SELECT tensor, data FROM tensors {where} ORDER BY rowid", key)
         ]
         record = StepRecord.from_arrays(step, mode, mode_step, worker, wall_time, tensors=tensors, **arrays)
+        if not stored_shapes:  # the usual run (save_shape off): no scan of the record's names
+            return record
         shapes = {name: stored_shapes[name] for name in record.tensor_names() if name in stored_shapes}
         if not shapes:
             return record
