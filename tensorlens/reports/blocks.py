@@ -147,9 +147,10 @@ def _color(runs: Sequence[str]) -> dict[str, Any]:
 
 
 def line_spec(title: str, y_title: str, runs: Sequence[str], log: bool = False, dash: str | None = None,
-              color_field: str | None = None) -> dict[str, Any]:
+              color_field: str | None = None, modes: Sequence[str] = ()) -> dict[str, Any]:
     """Lines of ``value`` over ``step`` from the dataset ``values`` (columns ``run``, ``step``,
-    ``value`` and ``dash`` / ``color_field`` when given), coloured by run."""
+    ``value`` and ``dash`` / ``color_field`` when given), coloured by run. With ``dash`` (the
+    ``mode`` column, whose values are ``modes``), train is solid, other modes dashed and dotted."""
     color = _color(runs) if color_field is None else {
         "field": color_field, "type": "nominal", "legend": {"orient": "top", "labelLimit": 360}}
     if color_field is None and len(runs) == 1:
@@ -165,18 +166,25 @@ def line_spec(title: str, y_title: str, runs: Sequence[str], log: bool = False, 
             {"field": "value", "type": "quantitative", "format": ".5~g"},
         ],
     }
+    line = {"type": "line", "interpolate": "linear", "strokeWidth": 1.5, "point": False, "clip": True}
+    spec: dict[str, Any] = {"mark": line}
     if dash:
-        encoding["strokeDash"] = {"field": dash, "type": "nominal", "legend": {"orient": "top"}, "scale": {
-            # train solid, the other modes dashed
-            "domain": ["train", "eval", "predict", "global"], "range": [[1, 0], [6, 3], [2, 2], [8, 2, 2, 2]]}}
+        patterns = {"train": [1, 0], "eval": [6, 3], "predict": [2, 2], "global": [8, 2, 2, 2]}
+        shown = [m for m in patterns if m in modes] or list(patterns)
+        stroke_dash = {"field": dash, "type": "nominal", "legend": {"orient": "top"}, "scale": {
+            "domain": shown, "range": [patterns[m] for m in shown]}}
         encoding["tooltip"].append({"field": dash, "type": "nominal"})
+        # other modes are often saved at a few steps only: points show them even where no line can
+        points = {"mark": {"type": "point", "filled": True, "size": 30, "clip": True},
+                  "transform": [{"filter": f"datum.{dash} !== 'train'"}]}
+        spec = {"layer": [{"mark": line, "encoding": {"strokeDash": stroke_dash}}, points]}
     return {
         "$schema": "https://vega.github.io/schema/vega-lite/v6.json",
         "title": {"text": title, "anchor": "start", "limit": 900},
         "data": {"name": "values"},
         "width": "container",
         "height": 220,
-        "mark": {"type": "line", "interpolate": "linear", "strokeWidth": 1.5, "point": False, "clip": True},
+        **spec,
         "encoding": encoding,
     }
 
@@ -199,6 +207,7 @@ def layer_heatmap_spec(title: str, stat: str, rows: int, log: bool) -> dict[str,
             "color": {"field": "value", "type": "quantitative", "title": stat,
                       "scale": {"type": "log" if log else "linear", "scheme": "viridis"},
                       "legend": {"orient": "right", "format": ".2~g"}},
+
             "tooltip": [
                 {"field": "tensor", "type": "nominal"},
                 {"field": "step", "type": "quantitative"},
@@ -229,6 +238,7 @@ def histogram_heatmap_spec(title: str, axis: str, linthresh: float | None, heigh
             "y2": {"field": "high"},
             "color": {"field": "log_fraction", "type": "quantitative", "title": "log10 fraction",
                       "scale": {"scheme": "viridis", "domain": [-4, 0]}, "legend": {"orient": "right"}},
+
             "tooltip": [
                 {"field": "step", "type": "quantitative"},
                 {"field": "low", "type": "quantitative", "format": ".4~g", "title": "from"},

@@ -215,7 +215,7 @@ def tree_spec() -> dict[str, Any]:
         "height": 400,
         "padding": {"left": 12, "right": 12, "top": 14, "bottom": 8},
         "autosize": "none",
-        "signals": [{"name": "labelSpace", "value": 230}, {"name": "innerLimit", "value": 140}],
+        "signals": [{"name": "labelSpace", "value": 220}, {"name": "innerLimit", "value": 118}],
         "data": [
             {"name": "nodes", "values": [], "transform": [
                 {"type": "stratify", "key": "key", "parentKey": "pkey"},

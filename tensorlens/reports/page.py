@@ -82,12 +82,23 @@ def table(**columns: Sequence[Any] | np.ndarray) -> dict[str, Any]:
     return {"format": "table", "columns": encoded}
 
 
+def _ends(steps: np.ndarray) -> np.ndarray:
+    """Where each column ends: at the next column, overlapping it by 15 % of the gap so that a
+    canvas draws no hairline seam between neighbours (the next column is drawn over it); the
+    last column spans the median gap."""
+    if not len(steps):
+        return steps
+    gaps = np.diff(steps)
+    last = float(np.median(gaps)) if len(gaps) else 1.0
+    return np.append(steps[1:] + 0.15 * gaps, steps[-1] + last)
+
+
 def grid(steps: Sequence[int], grid_edges: np.ndarray, image: np.ndarray, **constant: Any) -> dict[str, Any]:
     """A histogram-over-time heatmap: ``image[row, column]`` fractions (rows along ``grid_edges``,
     columns at ``steps``) as ``LEVELS`` levels of log10(fraction) from ``LOG_FLOOR`` to 0, in
     base64. Expanded by the page into rows ``{step, step_end, low, high, log_fraction}`` plus
-    ``constant`` fields; empty cells are left out. A column ends where the next one begins (the
-    last one spans the median gap), so uneven gaps between saved steps are drawn to scale."""
+    ``constant`` fields; empty cells are left out. A column ends where the next one begins
+    (:func:`_ends`), so uneven gaps between saved steps are drawn to scale."""
     image = np.asarray(image, dtype=np.float64)
     with np.errstate(divide="ignore"):
         logs = np.log10(np.where(image > 0, image, np.nan))
@@ -95,7 +106,7 @@ def grid(steps: Sequence[int], grid_edges: np.ndarray, image: np.ndarray, **cons
         np.isfinite(logs), 1 + np.round((np.clip(logs, LOG_FLOOR, 0) - LOG_FLOOR) / -LOG_FLOOR * (LEVELS - 1)), 0
     ).astype(np.uint8)
     steps = np.asarray(steps, dtype=np.float64)
-    ends = np.append(steps[1:], steps[-1] + (np.median(np.diff(steps)) if len(steps) > 1 else 1.0)) if len(steps) else steps
+    ends = _ends(steps)
     return {
         "format": "grid",
         "steps": rounded(steps, 12),
@@ -155,7 +166,7 @@ def matrix(rows: Sequence[str], steps: Sequence[int], values: np.ndarray) -> dic
     """A rows x steps table of values (a layer x step heatmap): expanded by the page into rows
     ``{tensor, step, step_end, value}``; NaN cells are left out."""
     steps = np.asarray(steps, dtype=np.float64)
-    ends = np.append(steps[1:], steps[-1] + (np.median(np.diff(steps)) if len(steps) > 1 else 1.0)) if len(steps) else steps
+    ends = _ends(steps)
     return {
         "format": "matrix",
         "rows": list(rows),

@@ -131,7 +131,8 @@ def overview(runs: Sequence[RunData], options: ReportOptions) -> Section | None:
         ]
         data, log = _line_table(runs, series, options.max_points)
         modes = {extra["mode"] for *_, extra in series}
-        blocks.append(Chart(line_spec(tensor, tensor.split("/", 1)[-1], names, log=log, dash="mode" if len(modes) > 1 else None),
+        blocks.append(Chart(line_spec(tensor, tensor.split("/", 1)[-1], names, log=log,
+                                      dash="mode" if len(modes) > 1 else None, modes=sorted(modes)),
                             {"values": data}, eager=len(blocks) < 3))
     if len(plain) > options.max_scalar_charts:
         blocks.append(Note(f"{len(plain) - options.max_scalar_charts} more scalars not drawn: "

@@ -62,7 +62,8 @@ def test_report_carries_the_global_gradient_norm_and_losses(real_run: str) -> No
     assert got_train.keys() == train.keys()
     assert all(got_train[s] == pytest.approx(v, rel=1e-4) for s, v in train.items())
     assert sum(r["mode"] == "eval" for r in rows) == len(evals) == 2
-    assert loss["spec"]["encoding"]["strokeDash"]["field"] == "mode"  # eval dashed
+    assert loss["spec"]["layer"][0]["encoding"]["strokeDash"]["field"] == "mode"  # eval dashed
+    assert loss["spec"]["layer"][1]["mark"]["type"] == "point"  # and shown as points, even one alone
 
 
 def test_report_sections_and_layer_heatmap_values(real_run: str) -> None:

@@ -166,7 +166,9 @@
       (function walk(id) {
         var n = byId[id], m = matches(id);
         if (m) matched++;
-        var text = n.label + (n.type ? "  " + n.type : "") + (folded[id] ? "  +" + kids[id].length : "");
+        // a leaf shows its type; an inner node only its name (the type is in its tooltip and details)
+        var leaf = !kids[id].length || folded[id];
+        var text = n.label + (leaf && n.type ? "  " + n.type : "") + (folded[id] ? "  +" + kids[id].length : "");
         // d3's stratify takes an empty parent id for "no parent": prefix the ids (the root's is "")
         out.push({id: id, key: "m:" + id, pkey: n.parent === null || n.parent === undefined ? null : "m:" + n.parent, text: text, folded: !!folded[id], selected: id === selected,
                   match: m, dim: !!query && !m, tooltip: tooltip(n)});
@@ -181,11 +183,13 @@
       var maxDepth = 0;
       v.rows.forEach(function (r) { maxDepth = Math.max(maxDepth, depth(r.id)); });
       count.textContent = query ? v.matched + " match" + (v.matched === 1 ? "" : "es") : nodes.length + " modules";
-      // a fixed distance between levels (not stretched to the pane): a shallow tree stays compact
-      var step = 130, width = Math.max(step * maxDepth + 250, 320);
+      // levels 70-130 px apart, as the pane allows (not stretched: a shallow tree stays compact)
+      var room = treeEl.clientWidth - 24 - 220;
+      var step = Math.max(70, Math.min(130, Math.floor(room / Math.max(maxDepth, 1))));
+      var width = Math.max(step * maxDepth + 220, 320);
       // labels of inner nodes sit above their node and get the room up to the next level
       return treeView.width(width).height(Math.max(60, 24 * leaves))
-        .signal("innerLimit", Math.max(60, (width - 250) / Math.max(maxDepth, 1) - 14))
+        .signal("innerLimit", step - 12)
         .data("nodes", v.rows).runAsync();
     }
     function attach(view) {
