@@ -297,7 +297,10 @@
   var api = {views: views, errors: errors, payload: payload};
   api.renderVisible = function () {
     var all = [];
-    document.querySelectorAll(".tl-chart[data-chart]").forEach(function (el) { if (el.offsetParent !== null) all.push(render(el)); });
+    // shown, i.e. not in a closed group or a hidden pane (checkVisibility knows closed <details>)
+    document.querySelectorAll(".tl-chart[data-chart]").forEach(function (el) {
+      if (el.checkVisibility ? el.checkVisibility() : el.getClientRects().length) all.push(render(el));
+    });
     return Promise.all(all).then(function () { return all.length; });
   };
   api.openAll = function () { document.querySelectorAll("details.tl-group, details.tl-collection").forEach(function (d) { d.open = true; }); };
