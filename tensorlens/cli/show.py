@@ -51,23 +51,18 @@ def _record_at(run, step: int | None, mode: str | None, worker: str | None) -> S
                  if r.mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL)]
         if not found:
             raise click.ClickException(f"no saved step {wanted}; saved steps: {_span(steps)}")
-        return _merge(found)
-    chosen = None
+        return found[0]  # the first worker's (records come sorted by step, mode, mode step, worker)
+    chosen: StepRecord | None = None
     steps = run.steps(mode)
     if not steps:
         raise click.ClickException(f"no {mode} records in this run; modes: {', '.join(str(m) for m in run.modes()) or '-'}")
     wanted = steps[-1] if step is None else step
     for record in run.records(mode=mode, worker=worker):
-        if record.mode_step == wanted:
-            chosen = record if chosen is None else chosen
+        if record.mode_step == wanted and chosen is None:
+            chosen = record
     if chosen is None:
         raise click.ClickException(f"no {mode} step {wanted}; saved {mode} steps: {_span(steps)}")
     return chosen
-
-
-def _merge(records: list[StepRecord]) -> StepRecord:
-    # TRAIN and GLOBAL records of one step: show them together, preferring the first worker
-    return records[0] if len(records) == 1 else records[0]
 
 
 def _span(steps: Sequence[int]) -> str:
