@@ -18,10 +18,10 @@ from tensorlens.reports import build_explorer, build_report
 
 try:
     from .browser import Browser, find_chromium, png_pixels
-    from .conftest import HOSTILE
+    from .report_runs import HOSTILE
 except ImportError:
     from browser import Browser, find_chromium, png_pixels
-    from conftest import HOSTILE
+    from report_runs import HOSTILE
 
 pytestmark = pytest.mark.skipif(
     find_chromium() is None, reason="Chromium is not installed (apt-get install chromium, or set TENSORLENS_CHROMIUM)"
@@ -158,9 +158,9 @@ def test_hostile_names_render_as_text(browser: Browser, hostile_run: str, tmp_pa
 def test_large_report_draws_within_budget(browser: Browser, tmp_path: Path) -> None:
     """200 tensors x 300 steps: the page loads and draws what is in view without errors."""
     try:
-        from .conftest import write_run
+        from .report_runs import write_run
     except ImportError:
-        from conftest import write_run
+        from report_runs import write_run
     names = [f"{kind}/blocks.{b}.fc{i}.weight" for b in range(20) for i in range(5) for kind in ("weights", "gradients")]
     run = write_run(str(tmp_path / "big"), 300, names)
     path = tmp_path / "big.html"

@@ -17,9 +17,9 @@ import tensorlens as tl
 from tensorlens.cli import main
 
 try:
-    from .conftest import HOSTILE, write_run
+    from .report_runs import HOSTILE, write_run
 except ImportError:
-    from conftest import HOSTILE, write_run
+    from report_runs import HOSTILE, write_run
 
 ENV = {**os.environ, "COLUMNS": "200", "TENSORLENS_DEBUG": "0"}
 

@@ -21,9 +21,9 @@ from tensorlens.reports.page import LEVELS, LOG_FLOOR, rounded, script_json
 from tensorlens.reports.sections import _PROVIDERS
 
 try:
-    from .conftest import HOSTILE, write_run
+    from .report_runs import HOSTILE, write_run
 except ImportError:
-    from conftest import HOSTILE, write_run
+    from report_runs import HOSTILE, write_run
 
 
 def payload(page_html: str) -> dict:
