@@ -5,12 +5,14 @@
     tensorlens report RUN [RUN ...] -o report.html   one self-contained HTML file, runs overlaid
     tensorlens explore RUN -o explorer.html          the module tree with its statistics
     tensorlens export RUN --format csv|parquet       tidy: step, mode, mode_step, worker, tensor, statistic, value
+    tensorlens rules RUN [--rule SPEC ...] [--check]  run rules over a stored run
+    tensorlens compare RUN_A RUN_B [--check]         where two runs diverge
     tensorlens wandb-install-chart --entity E        the W&B histogram-heatmap custom chart
     tensorlens --version                             (also: python -m tensorlens --version)
 
 It needs ``click`` (and uses ``tqdm`` for progress bars): ``pip install 'tensorlens[cli]'``.
 
-Adding a subcommand (``rules``, ``compare``, ``sync``...): write ``tensorlens/cli/<name>.py``
+Adding a subcommand (``sync``...): write ``tensorlens/cli/<name>.py``
 holding a ``click`` command called ``command`` (see ``show.py`` for the conventions: a docstring
 as help, errors raised as ordinary exceptions or ``click.ClickException``, output through
 ``click.echo``, tables through :mod:`tensorlens.cli.table`), then add one line to
@@ -33,6 +35,8 @@ COMMANDS: dict[str, str] = {
     "report": "tensorlens.cli.report",
     "explore": "tensorlens.cli.explore",
     "export": "tensorlens.cli.export",
+    "rules": "tensorlens.cli.rules",
+    "compare": "tensorlens.cli.compare",
     "wandb-install-chart": "tensorlens.cli.wandb_chart",
 }
 

@@ -104,11 +104,12 @@ def _series_table(run, tensor: str, wanted: Sequence[str], mode: str | None, wor
                   step: int | None) -> Iterator[str]:
     view = run.tensor(tensor)
     recorded = view.reduction_names()
-    plain = bool(view.values(mode=mode, worker=worker))
+    # a plain value is the statistic "" (a loss); reduction_values reads it without the check
+    # values() makes on tensors that hold statistics
+    plain = view.reduction_values("", mode=mode, worker=worker)
     available = (["value"] if plain else []) + recorded
     columns = _columns({tensor: available}, wanted)
-    series = {c: (view.values(mode=mode, worker=worker) if c == "value" else view.reduction_values(c, mode=mode, worker=worker))
-              for c in columns}
+    series = {c: (plain if c == "value" else view.reduction_values(c, mode=mode, worker=worker)) for c in columns}
     steps = sorted({s for values in series.values() for s in values})
     if step is not None:
         if step not in steps:

@@ -2,7 +2,7 @@
 runs and returns a :class:`~tensorlens.reports.blocks.Section`, or ``None`` when it has nothing to
 show (a rules section for runs without findings, say).
 
-Adding a section (rule findings and scale plots will come this way)::
+Adding a section (the rule findings and per-op scales sections are providers like any other)::
 
     from tensorlens.reports.sections import register_section
     from tensorlens.reports.blocks import Section, Table
@@ -11,11 +11,12 @@ Adding a section (rule findings and scale plots will come this way)::
         rows = [(r.name, f.rule, f.step, f.message) for r in runs for f in my_findings(r.run)]
         return Section("findings", "Rule findings", [Table(["run", "rule", "step", "message"], rows)]) if rows else None
 
-    register_section("findings", findings, order=15)
+    register_section("my-findings", findings, order=16)
 
 ``runs`` are :class:`~tensorlens.reports.data.RunData` (each has the open ``Run`` as ``.run`` for
 anything not already loaded); ``options`` is the report's :class:`ReportOptions`. Providers run
-in ``order`` (built-ins: overview 10, layers 20, nonfinite 30, distributions 40).
+in ``order`` (built-ins: overview 10, findings 15, layers 20, nonfinite 30, scales 35,
+distributions 40).
 """
 
 from __future__ import annotations
@@ -278,7 +279,121 @@ def nonfinite(runs: Sequence[RunData], options: ReportOptions) -> Section | None
                    intro="Counts of NaN and ±Inf values (they are counted, never binned or averaged away).")
 
 
+# ---------------------------------------------------------------------------- rule findings
+
+
+#: Findings listed in the table at most (the chart shows every one).
+MAX_FINDING_ROWS = 500
+
+
+def findings(runs: Sequence[RunData], options: ReportOptions) -> Section | None:
+    cols: dict[str, list[Any]] = {"run": [], "step": [], "rule": [], "tensor": [], "message": []}
+    rows = []
+    for r in runs:
+        try:
+            found = r.run.findings()
+        except Exception:  # a store written before findings were stored
+            continue
+        for f in found:
+            cols["run"].append(r.name)
+            cols["step"].append(f.step)
+            cols["rule"].append(f.rule)
+            cols["tensor"].append(f.tensor or "")
+            cols["message"].append(f.message)
+            rows.append((r.name, f.rule, f.step, str(f.mode), f.tensor or "-", f.message))
+    if not rows:
+        return None
+    names = [r.name for r in runs]
+    rules = sorted(set(cols["rule"]))
+    spec = {
+        "$schema": "https://vega.github.io/schema/vega-lite/v6.json",
+        "title": {"text": "Rule findings over steps", "anchor": "start"},
+        "data": {"name": "values"},
+        "width": "container",
+        "height": max(80, 26 * len(rules)),
+        "mark": {"type": "tick", "thickness": 2, "clip": True},
+        "encoding": {
+            "x": {"field": "step", "type": "quantitative", "title": "step", "axis": {"format": ",d", "tickCount": 8}},
+            "y": {"field": "rule", "type": "nominal", "title": None, "sort": rules, "axis": {"labelLimit": 260}},
+            "color": line_spec("", "", names)["encoding"]["color"],
+            "tooltip": [{"field": f, "type": "nominal" if f != "step" else "quantitative"}
+                        for f in ("run", "rule", "step", "tensor", "message")],
+        },
+    }
+    blocks: list[Any] = [Chart(spec, {"values": table(**cols)}, eager=True)]
+    blocks.append(Table(["run", "rule", "step", "mode", "tensor", "message"], rows[:MAX_FINDING_ROWS]))
+    if len(rows) > MAX_FINDING_ROWS:
+        blocks.append(Note(f"{len(rows) - MAX_FINDING_ROWS} more findings not listed (all are in the chart; "
+                           "`tensorlens rules RUN` prints them)."))
+    return Section("findings", "Rule findings", blocks,
+                   intro="What the rules found while the run trained (stored in the run), one tick per finding.")
+
+
+# ---------------------------------------------------------------------------- per-op scales
+
+
+#: Vertical lines of the scale plot: (format, log2 of the largest value, log2 of the smallest normal).
+FORMAT_RANGES = (("float16", 15.9993, -14.0), ("float8_e4m3fn", 8.8074, -6.0), ("float8_e5m2", 15.8074, -14.0))
+
+
+def scales(runs: Sequence[RunData], options: ReportOptions) -> Section | None:
+    blocks: list[Any] = []
+    for r in runs:
+        record = next((rec for rec in reversed(r.column_records)
+                       if any(t.startswith("scales/") for t, _ in rec.scalar_names)), None)
+        if record is None:
+            continue
+        cols: dict[str, list[Any]] = {"node": [], "direction": [], "metric": [], "log2": []}
+        nodes = [t for t in dict.fromkeys(t for t, _ in record.scalar_names) if t.startswith("scales/")]
+        for tensor in nodes:
+            _, direction, node = tensor.split("/", 2)
+            for metric in ("abs_max", "mean_abs"):
+                value = record.scalar(tensor, metric)
+                if value is not None and value > 0 and np.isfinite(value):
+                    cols["node"].append(node)
+                    cols["direction"].append("forward" if direction == "fwd" else "backward")
+                    cols["metric"].append(metric)
+                    cols["log2"].append(float(np.log2(value)))
+        if not cols["node"]:
+            continue
+        order = list(dict.fromkeys(cols["node"]))
+        formats = table(format=[f for f, _, _ in FORMAT_RANGES for _ in (0, 1)],
+                        log2=[v for _, high, low in FORMAT_RANGES for v in (high, low)])
+        for direction in ("forward", "backward"):
+            spec = {
+                "$schema": "https://vega.github.io/schema/vega-lite/v6.json",
+                "title": {"text": f"{direction} scales at step {record.step}" + (f" — {r.name}" if len(runs) > 1 else ""),
+                          "anchor": "start"},
+                "width": "container",
+                "height": max(120, 16 * len(order)),
+                "layer": [
+                    {"data": {"name": "formats"}, "mark": {"type": "rule", "strokeDash": [4, 3], "opacity": 0.6},
+                     "encoding": {"x": {"field": "log2", "type": "quantitative"},
+                                  "color": {"field": "format", "type": "nominal", "title": "format range",
+                                            "scale": {"scheme": "dark2"}}}},
+                    {"data": {"name": "values"}, "transform": [{"filter": f"datum.direction === '{direction}'"}],
+                     "mark": {"type": "point", "filled": True, "size": 40},
+                     "encoding": {
+                         "x": {"field": "log2", "type": "quantitative", "title": "log2 of the value"},
+                         "y": {"field": "node", "type": "ordinal", "sort": order, "title": None,
+                               "axis": {"labelLimit": 320, "labelFontSize": 10}},
+                         "shape": {"field": "metric", "type": "nominal", "title": "metric"},
+                         "tooltip": [{"field": "node"}, {"field": "metric"}, {"field": "log2", "format": ".2f"}]}},
+                ],
+                "resolve": {"scale": {"color": "independent"}},
+            }
+            blocks.append(Chart(spec, {"values": table(**cols), "formats": formats}))
+    if not blocks:
+        return None
+    return Section("scales", "Per-op scales", blocks,
+                   intro="log2 of each op's largest (abs_max) and mean absolute (mean_abs) value at the last step that "
+                         "recorded scales, forward and backward, against the range of low-precision formats (dashed: "
+                         "largest value and smallest normal).")
+
+
 register_section("overview", overview, order=10)
+register_section("findings", findings, order=15)
 register_section("layers", layers, order=20)
 register_section("nonfinite", nonfinite, order=30)
+register_section("scales", scales, order=35)
 register_section("distributions", distributions, order=40)

@@ -4,12 +4,15 @@ with hostile names and NaNs, both small."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
 from torch import nn
 
 import tensorlens as tl
+from tensorlens.findings import Finding
+from tensorlens.store.writer import RunStoreWriter
 
 try:
     from .report_runs import HOSTILE, write_run
@@ -56,4 +59,25 @@ def hostile_run(tmp_path_factory: pytest.TempPathFactory) -> str:
         {"name": "enc.fc\"'&", "type": "Linear", "extra_repr": "in_features=4, out_features=2, bias=False",
          "parameters": {"weight": [2, 4]}, "call_order": 0},
     ]
-    return write_run(path, 8, names, {"run_name": f"run {HOSTILE}", "modules": json.dumps(modules)}, nan_steps=(3, 4))
+    write_run(path, 8, names, {"run_name": f"run {HOSTILE}", "modules": json.dumps(modules)}, nan_steps=(3, 4))
+    writer = RunStoreWriter(os.path.join(path, "tensorlens.sqlite"))
+    for step in (3, 4):  # what a NaN rule would have stored
+        writer.write_finding(Finding("NaNTensor", step, "train", f"gradients/{module}.weight", f"3 NaN in {HOSTILE}", 3.0))
+    writer.close()
+    return path
+
+
+@pytest.fixture(scope="session")
+def scales_run(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A small MLP watched with scales=True: per-op scales at every saved step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = tl.watch(model, save_interval=1, scales=True, backends=["local"],
+                    out_dir=tmp_path_factory.mktemp("runs") / "scales")
+    for _ in range(3):
+        model(torch.randn(8, 8)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    hook.close()
+    return hook.run_dir

@@ -155,6 +155,20 @@ def test_hostile_names_render_as_text(browser: Browser, hostile_run: str, tmp_pa
         page.close()
 
 
+def test_scales_and_findings_sections_draw(browser: Browser, scales_run: str, hostile_run: str, tmp_path: Path) -> None:
+    path = tmp_path / "both.html"
+    build_report([scales_run, hostile_run]).save(path)
+    page = _open(browser, path)
+    page.evaluate("window.tensorlens.renderVisible()")
+    page.evaluate("document.getElementById('scales').scrollIntoView()")
+    page.evaluate("window.tensorlens.renderVisible()")
+    drawn = page.evaluate("""[...document.querySelectorAll('#findings .tl-chart, #scales .tl-chart')]
+        .map(c => c.getAttribute('data-rendered'))""")
+    assert drawn == ["1", "1", "1"]  # the findings ticks, forward and backward scales
+    _assert_clean(page, path.resolve().as_uri())
+    page.close()
+
+
 def test_large_report_draws_within_budget(browser: Browser, tmp_path: Path) -> None:
     """200 tensors x 300 steps: the page loads and draws what is in view without errors."""
     try:

@@ -46,7 +46,7 @@ def test_version_both_ways() -> None:
 def test_help_is_plain_text_and_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
-    for name in ("ls", "show", "summary", "report", "explore", "export", "wandb-install-chart"):
+    for name in ("ls", "show", "summary", "report", "explore", "export", "rules", "compare", "wandb-install-chart"):
         assert f"  {name} " in out
     assert "\x1b[" not in out and "[bold" not in out and "**" not in out
     assert main(["show", "--help"]) == 0

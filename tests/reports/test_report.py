@@ -190,13 +190,40 @@ def test_custom_section_provider(real_run: str) -> None:
     def findings(runs, options):  # noqa: ANN001, ANN202
         return Section("findings", "Rule findings", [Note(f"{len(runs)} run checked: {HOSTILE}")])
 
-    register_section("findings", findings, order=15)
+    register_section("my-findings", findings, order=16)
     try:
         page = build_report(real_run).html
     finally:
-        _PROVIDERS.pop("findings")
+        _PROVIDERS.pop("my-findings")
     assert page.index(">Rule findings</h2>") < page.index(">Layers over steps</h2>")
     assert html.escape(HOSTILE) in page and HOSTILE not in page
+
+
+def test_findings_section_lists_what_the_rules_stored(hostile_run: str, real_run: str) -> None:
+    page = build_report(hostile_run).html
+    data = payload(page)
+    [chart] = charts_titled(data, "Rule findings over steps")
+    rows = expand_table(chart["data"]["values"])
+    assert [(r["rule"], r["step"]) for r in rows] == [("NaNTensor", 3), ("NaNTensor", 4)]
+    assert rows[0]["message"] == f"3 NaN in {HOSTILE}"  # the data keeps the text ...
+    assert f"<td>3 NaN in {html.escape(HOSTILE)}</td>" in page  # ... the table escapes it
+    assert ">Rule findings</h2>" not in build_report(real_run).html  # no findings: no section
+
+
+def test_scales_section_from_a_run_watched_with_scales(scales_run: str) -> None:
+    data = payload(build_report(scales_run).html)
+    charts = charts_titled(data, "forward scales") + charts_titled(data, "backward scales")
+    assert len(charts) == 2
+    rows = expand_table(charts[0]["data"]["values"])
+    with tl.open_run(scales_run) as run:
+        last = run.steps()[-1]
+        names = [t for t in run.tensor_names() if t.startswith("scales/")]
+        assert names
+        for row in rows:
+            tensor = f"scales/{'fwd' if row['direction'] == 'forward' else 'bwd'}/{row['node']}"
+            want = np.log2(run.tensor(tensor).reduction_value(last, row["metric"]))
+            assert row["log2"] == pytest.approx(want, abs=1e-4)
+    assert {r["direction"] for r in rows} == {"forward", "backward"}
 
 
 def test_explorer_tree_from_the_module_list_and_from_names(real_run: str, hostile_run: str) -> None:
