@@ -5,8 +5,8 @@ What reaches the MLflow run (``prefix="tensorlens"``):
 - every scalar of a record as a metric ``tensorlens/<collection>/<tensor>/<stat>`` at
   ``step=record.step`` (the global optimizer step) with the record's wall time; records of other
   modes get a mode infix, ``tensorlens/eval/<collection>/<tensor>/<stat>``;
-- for every histogram, seven quantile metrics ``.../p01 p05 p25 p50 p75 p95 p99`` read off the
-  counts (linear interpolation within a bin, see :func:`histogram_quantiles`);
+- the quantiles of every histogram, ``.../p01 p05 p25 p50 p75 p95 p99``: recorded statistics of
+  the record (``HistogramConfig.quantiles``), which the local store and every backend get alike;
 - the histograms themselves as compact JSON artifacts, one file per ``histogram_every`` saved
   steps holding every tensor (``tensorlens/histograms/<mode>/histograms-<first mode step>.json``);
 - at ``close()``, one PNG heatmap per tensor of its histogram over time
@@ -340,11 +340,6 @@ class MLflowBackend(Backend):
         values: dict[str, float] = {}
         for (tensor, stat), value in zip(record.scalar_names, record.scalar_values.tolist(), strict=True):
             values[self.metric_key(tensor, stat, record.mode, record.worker)] = value
-        for histogram in record.histograms:
-            quantiles = histogram_quantiles(histogram.counts, histogram.edges, [q for _, q in QUANTILES])
-            if quantiles is not None:
-                for (suffix, _), value in zip(QUANTILES, quantiles.tolist(), strict=True):
-                    values[self.metric_key(histogram.tensor, suffix, record.mode, record.worker)] = value
         metrics = [Metric(key, value, timestamp, record.step) for key, value in values.items()]
 
         if self.histogram_every and record.histograms:

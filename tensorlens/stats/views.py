@@ -59,6 +59,43 @@ def histogram_quantiles(counts: np.ndarray, edges: np.ndarray, levels: Sequence[
     return edges[index] + fraction * (edges[index + 1] - edges[index])
 
 
+def histogram_quantile_rows(counts: np.ndarray, edges: np.ndarray, levels: Sequence[float]) -> np.ndarray:
+    """:func:`histogram_quantiles` of ``G`` histograms of one bin count at once: ``counts``
+    ``[G, bins]``, ``edges`` ``[G, bins + 1]`` -> ``[G, len(levels)]`` (NaN for an empty one).
+
+    >>> histogram_quantile_rows(np.array([[1, 0, 3]]), np.array([[0.0, 1.0, 2.0, 3.0]]), [0.25, 0.5])
+    array([[1.        , 2.33333333]])
+    """
+    counts = np.asarray(counts, dtype=np.float64)
+    edges = np.asarray(edges, dtype=np.float64)
+    groups, bins = counts.shape
+    out = np.full((groups, len(levels)), np.nan)
+    if groups == 0 or bins == 0 or not levels:
+        return out
+    cumulative = np.cumsum(counts, axis=1)
+    total = cumulative[:, -1]
+    targets = np.asarray(levels, dtype=np.float64)[None, :] * total[:, None]  # [G, L]
+    # the first bin whose cumulative count reaches the target (never empty when target > 0)
+    index = np.minimum((cumulative[:, None, :] < targets[:, :, None]).sum(axis=2), bins - 1)  # [G, L]
+    rows = np.arange(groups)[:, None]
+    in_bin = counts[rows, index]
+    before = cumulative[rows, index] - in_bin
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fraction = np.clip(np.where(in_bin > 0, (targets - before) / in_bin, 0.0), 0.0, 1.0)
+    values = edges[rows, index] + fraction * (edges[rows, index + 1] - edges[rows, index])
+    return np.where((total > 0)[:, None], values, np.nan)
+
+
+def quantile_name(level: float) -> str:
+    """The statistic name of a quantile level: ``p01`` for 0.01, ``p50`` for 0.5, ``p99.9`` for 0.999.
+
+    >>> quantile_name(0.05), quantile_name(0.999)
+    ('p05', 'p99.9')
+    """
+    percent = round(level * 100, 6)
+    return f"p{int(percent):02d}" if percent == int(percent) else f"p{percent:g}"
+
+
 # ---------------------------------------------------------------------------- thinning
 
 
