@@ -45,6 +45,7 @@ class Planner:
         self._collections: dict[str, Collection] = {kind: Collection(kind) for kind in KINDS}
         self._enabled: set[str] = set()
         self._saving_cache: tuple[ModeKeys, int, frozenset[str]] | None = None
+        self.version = 0  # bumped by every change: what is derived from the configs is rebuilt
         self._capture_plans: dict[tuple[object, ...], ReducePlan | None] = {}
         self._plans_configs: tuple[object, ...] | None = None
         for name in include_collections:
@@ -105,6 +106,7 @@ class Planner:
     def changed(self) -> None:
         """Forget what was derived from the collections (called on every change)."""
         self._saving_cache = None
+        self.version += 1
 
     # ------------------------------------------------------------------ the save schedule
 

@@ -37,6 +37,7 @@ from tensorlens.engine.assemble import HostStatistics, PendingStep, build_record
 from tensorlens.engine.jobs import ReducedPiece, TensorJob, reduce_now
 from tensorlens.engine.pending import PendingCaptures
 from tensorlens.engine.plan import Planner
+from tensorlens.engine.plan_cache import ParameterJobs
 from tensorlens.engine.step import StepStatistics
 from tensorlens.modes import ModeKeys
 from tensorlens.records import ScalarEntry
@@ -178,6 +179,7 @@ class Recorder:
         self._pre_step: tuple[HostStatistics, list[ScalarEntry]] | None = None
         self._update_snapshot: list[tuple[str, torch.Tensor, torch.Tensor]] = []
         self._engine = StepStatistics()
+        self._parameter_job_cache = ParameterJobs()  # the jobs of the parameters, reused across steps
         native.prepare()  # compile the CPU kernel off the training thread, before the first saved step
         self._warned: set[str] = set()
         self._closed = False
@@ -490,7 +492,7 @@ class Recorder:
         return out
 
     def _parameter_jobs(self, saving: frozenset[str]) -> list[TensorJob]:
-        return gather.parameter_jobs(self.planner, self._parameters(), saving)
+        return self._parameter_job_cache.jobs(self.planner, self._parameters(), saving)
 
     def _pending_jobs(self, saving: frozenset[str], mode: ModeKeys) -> list[TensorJob]:
         """Jobs for everything captured in ``mode`` since its last boundary; forgets those."""

@@ -1,11 +1,21 @@
 """Statistics of every tensor of one saved step, computed in a batch with one host copy.
 
-The training thread calls :meth:`StepStatistics.compute` with all the tensors of a step. Every
-partial row and histogram is computed on the tensors' device without a host sync; then one
-``.cpu()`` of one concatenated buffer brings everything over. Only a step in which some tensor
-holds NaN or Inf needs a second, smaller pass and copy. Histogram edges are derived exactly on the
-host, off the training thread (:func:`~tensorlens.stats.edges.exact_edges`), when
-:mod:`tensorlens.engine.assemble` builds the step's one record on the dispatcher thread.
+The training thread calls :meth:`StepStatistics.compute` with all the tensors of a step. Their
+layout (:class:`~tensorlens.engine.step_plan.StepPlan`: what is reduced by the compiled kernel,
+how the rest is grouped for PyTorch ops, the histogram groups) is built once and reused while the
+jobs keep their shape. Every partial row and histogram is computed on the tensors' device; then
+one ``.cpu()`` of one concatenated buffer brings everything over.
+
+Tensors holding NaN or Inf: the compiled kernel counts them exactly in its one read. With PyTorch
+ops the strategy depends on where the tensors live. On a CPU, reading a result costs nothing, so
+the counts are taken only for tensors whose sum, min or max is not finite, in a few float ops.
+On any other device (``sync_free``) the host must never wait: every tensor's NaN and Inf are
+counted in the first pass, every histogram sample's finite range is taken, and the range is
+chosen on the device. Either way a histogram of such a tensor spans its sample's finite values.
+
+Histogram edges are derived exactly on the host, off the training thread
+(:func:`~tensorlens.stats.edges.exact_edges`), when :mod:`tensorlens.engine.assemble` builds the
+step's one record on the dispatcher thread.
 """
 
 from __future__ import annotations
@@ -13,20 +23,20 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from tensorlens.engine.assemble import HostStatistics, _HostHistogram, _JobMeta
+from tensorlens.engine.assemble import HostStatistics, _HostHistogram
 from tensorlens.engine.jobs import ReducedPiece, TensorJob, WorkerReducer, reduce_now, reduce_plan
+from tensorlens.engine.step_plan import REDUCED, VALUES, HistogramGroup, StepPlan, plain_piece, signature
 from tensorlens.stats import native
 from tensorlens.stats.histogram import (
     histogram_counts,
     histogram_range,
     histogram_scale,
     reject_outliers,
-    sample_stride,
     strided_sample,
 )
 from tensorlens.stats.moments import (
@@ -38,9 +48,11 @@ from tensorlens.stats.moments import (
     needed_columns,
     nonfinite_counts,
     partial_rows,
-    partial_rows_and_samples,
 )
 from tensorlens.stats.sparse import is_sparse, sparse_summary
+from tensorlens.stats.torch_rows import finite_range_rows, nonfinite_counts_of
+
+_NAN, _INF = COL["nan_count"], COL["inf_count"]
 
 
 @dataclasses.dataclass
@@ -55,20 +67,23 @@ class _DeviceHistograms:
     dtype: torch.dtype  # the dtype values were binned in; the host derives exact edges in it
 
 
-_OWN_COMPUTE_DTYPE = (torch.float32, torch.float64)  # dtypes that compute_dtype keeps as they are
-
-
 class StepStatistics:
     """Computes :class:`HostStatistics` for a list of :class:`TensorJob`.
 
-    Keeps one scratch buffer per (device, dtype), grown to the largest tensor seen, so the
-    two-pass variance does not allocate (and page-fault) a fresh buffer for every tensor.
-    ``host_copies`` counts device-to-host copies, for tests and benchmarks.
+    Keeps the last step's plan (reused while the jobs keep their shape) and one scratch buffer
+    per (device, dtype), grown to the largest tensor seen, so the two-pass variance does not
+    allocate a fresh buffer for every tensor. ``host_copies`` counts device-to-host copies, and
+    ``plans_built`` the plans, for tests and benchmarks. ``sync_free`` takes, on a CPU too, the
+    path that never waits for the device (the one every other device takes; tests use it).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, sync_free: bool = False) -> None:
         self._scratch: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
         self.host_copies = 0
+        self.plans_built = 0
+        self.sync_free = sync_free
+        self._plan: StepPlan | None = None
+        self._plain_flags: list[bool] = []
         self._warned_complex = False
 
     def _scratch_for(self, values: torch.Tensor) -> torch.Tensor:
@@ -80,16 +95,91 @@ class StepStatistics:
         return buf
 
     def release(self) -> None:
-        """Free the scratch buffers (the hook calls this on close)."""
+        """Free the scratch buffers and the plan (the hook calls this on close)."""
         self._scratch.clear()
+        self._plan = None
+
+    # ------------------------------------------------------------------ entry
+
+    def compute(
+        self, jobs: Sequence[TensorJob], reducer: WorkerReducer | None = None, warn: Callable[[str], None] | None = None
+    ) -> HostStatistics:
+        """Statistics of ``jobs``. A tensor that cannot be summarised costs only itself: it is
+        left out of the result with one warning naming it (``warn``), never the step."""
+        jobs, failed, converted = self._isolate(jobs, warn)
+        if reducer is not None:
+            # every rank must make the same collectives: a failed job keeps its place with an
+            # empty piece, then leaves the result
+            host = self._compute(jobs, reducer, converted)
+        else:
+            try:
+                host = self._compute(jobs, None, converted)
+            except Exception:
+                if len(jobs) - len(failed) < 2:
+                    raise
+                # a batched op failed on one tensor: find it, so the others are still recorded
+                kept = [i for i in range(len(jobs)) if i not in failed]
+                return self._one_by_one([jobs[i] for i in kept], [converted.get(i) for i in kept], warn)
+        return host.without(failed) if failed else host
+
+    def _isolate(
+        self, jobs: Sequence[TensorJob], warn: Callable[[str], None] | None
+    ) -> tuple[list[TensorJob], set[int], dict[int, torch.Tensor]]:
+        """Jobs whose values can be read: plain tensors as they are; the others prepared (sparse
+        summarised, mixed pieces reduced) and converted (``converted[i]``), or replaced by an empty
+        piece when they cannot be read."""
+        out, failed, converted = [], set(), {}
+        plain = self._plain_flags = []
+        for i, job in enumerate(jobs):
+            if plain_piece(job):
+                out.append(job)
+                plain.append(True)
+                continue
+            plain.append(False)
+            try:
+                job = self._prepared(job)
+                if any(isinstance(piece, ReducedPiece) for piece in job.pieces):
+                    job = dataclasses.replace(job, pieces=self._reduced_pieces(job))
+                else:
+                    converted[len(out)] = self._values(job)  # raises here, per tensor, for what cannot be read
+                out.append(job)
+            except Exception as err:
+                failed.add(i)
+                _warn(warn, job.name, err)
+                out.append(dataclasses.replace(job, pieces=[torch.empty(0)], save_raw=False, save_shape=False, raw=None))
+        return out, failed, converted
+
+    def _one_by_one(
+        self, jobs: Sequence[TensorJob], converted: list[torch.Tensor | None], warn: Callable[[str], None] | None
+    ) -> HostStatistics:
+        parts = []
+        for job, values in zip(jobs, converted, strict=True):
+            try:
+                parts.append(self._compute([job], None, {0: values} if values is not None else {}, keep_plan=False))
+            except Exception as err:
+                _warn(warn, job.name, err)
+        return HostStatistics.concat(parts)
+
+    def _compute(
+        self, jobs: list[TensorJob], reducer: WorkerReducer | None, converted: dict[int, torch.Tensor], keep_plan: bool = True
+    ) -> HostStatistics:
+        if not jobs:
+            return HostStatistics([], np.zeros((0, len(PARTIALS))), {}, {})
+        flags = self._plain_flags if keep_plan and len(self._plain_flags) == len(jobs) else None
+        sig = signature(jobs, flags)
+        plan = self._plan if keep_plan else None
+        if plan is None or not plan.matches(sig, self.sync_free):
+            plan = StepPlan(jobs, sig, self.sync_free, converted)
+            self.plans_built += 1
+            if keep_plan:
+                self._plan = plan
+        with torch.no_grad():
+            return _Step(self, plan, jobs, reducer, converted).run()
+
+    # ------------------------------------------------------------------ values of unusual jobs
 
     def _values(self, job: TensorJob) -> torch.Tensor:
-        """The job's values, flat in the compute dtype; for a reduced job, its histogram sample."""
-        if len(job.pieces) == 1 and not isinstance(job.pieces[0], ReducedPiece) and job.pieces[0].dtype in _OWN_COMPUTE_DTYPE \
-                and job.pieces[0].layout == torch.strided and job.pieces[0].device.type != "meta":
-            return job.pieces[0].detach().reshape(-1)  # the usual parameter or gradient: a flat view
-        if any(isinstance(piece, ReducedPiece) for piece in job.pieces):
-            return torch.cat([piece.sample for piece in self._reduced_pieces(job)])
+        """The job's values, flat in the compute dtype."""
         pieces = []
         for piece in job.pieces:
             piece = _plain(piece.detach())
@@ -139,7 +229,7 @@ class StepStatistics:
                 if reduced is None:  # e.g. a dense tensor saved next to a sparse one: a partial row of its own
                     values = as_values(_plain(piece.detach()))
                     row = partial_rows([values], [needed_columns(job.stats)])[0]
-                    row[[COL["nan_count"], COL["inf_count"]]] = nonfinite_counts(values)
+                    row[[_NAN, _INF]] = nonfinite_counts(values)
                     hist = job.histogram
                     sample = strided_sample(values, hist.sample) if hist is not None and hist.enabled else values.new_empty(0)
                     reduced = ReducedPiece(None, sample, piece.shape, piece.dtype, piece.device, partial_row=row)
@@ -151,316 +241,313 @@ class StepStatistics:
         self.host_copies += 1
         return tensor.cpu().numpy()
 
-    def compute(
-        self, jobs: Sequence[TensorJob], reducer: WorkerReducer | None = None, warn: Callable[[str], None] | None = None
-    ) -> HostStatistics:
-        """Statistics of ``jobs``. A tensor that cannot be summarised costs only itself: it is
-        left out of the result with one warning naming it (``warn``), never the step."""
-        jobs, failed = self._isolate(jobs, warn)
-        if reducer is not None:
-            # every rank must make the same collectives: a failed job keeps its place with an
-            # empty piece, then leaves the result
-            host = self._compute(jobs, reducer)
-        else:
-            try:
-                host = self._compute(jobs, None)
-            except Exception:
-                if len(jobs) - len(failed) < 2:
-                    raise
-                # a batched op failed on one tensor: find it, so the others are still recorded
-                return self._one_by_one([job for i, job in enumerate(jobs) if i not in failed], warn)
-        return host.without(failed) if failed else host
 
-    def _isolate(self, jobs: Sequence[TensorJob], warn: Callable[[str], None] | None) -> tuple[list[TensorJob], set[int]]:
-        """Jobs whose values can be read, prepared; the others replaced by an empty piece."""
-        out, failed = [], set()
-        for i, job in enumerate(jobs):
-            try:
-                job = self._prepared(job)
-                self._values(job)  # raises here, per tensor, for what cannot be read
-                out.append(job)
-            except Exception as err:
-                failed.add(i)
-                _warn(warn, job.name, err)
-                out.append(dataclasses.replace(job, pieces=[torch.empty(0)], save_raw=False, save_shape=False))
-        return out, failed
+class _Step:
+    """One execution of a plan: this step's tensors through the plan's groups."""
 
-    def _one_by_one(self, jobs: Sequence[TensorJob], warn: Callable[[str], None] | None) -> HostStatistics:
-        parts = []
-        for job in jobs:
-            try:
-                parts.append(self._compute([job], None))
-            except Exception as err:
-                _warn(warn, job.name, err)
-        return HostStatistics.concat(parts)
+    def __init__(
+        self, engine: StepStatistics, plan: StepPlan, jobs: list[TensorJob], reducer: WorkerReducer | None,
+        converted: dict[int, torch.Tensor],
+    ) -> None:
+        self.engine, self.plan, self.jobs, self.reducer = engine, plan, jobs, reducer
+        self.converted = converted
+        self.cpu = plan.device.type == "cpu"
+        self.samples: dict[int, torch.Tensor] = {}  # histogram samples known before binning
 
-    def _compute(self, jobs: Sequence[TensorJob], reducer: WorkerReducer | None) -> HostStatistics:
-        metas = [
-            _JobMeta(
-                job.name,
-                job.stats,
-                job.histogram if job.histogram is not None and job.histogram.enabled and not job.plain_scalar else None,
-                job.plain_scalar,
-                _shape_of(job) if job.save_shape else None,
-                int(job.pieces[0].shape[-1]) if job.pieces and job.pieces[0].dim() > 0 else 1,
-                sum(p.numel() for p in job.pieces),
-            )
-            for job in jobs
-        ]
-        if not jobs:
-            return HostStatistics(metas, np.zeros((0, len(PARTIALS))), {}, {})
-        values = [self._values(job) for job in jobs]
-        device = values[0].device
-        values = [v if v.device == device else v.to(device) for v in values]
-        partitioned = [job.partitioned for job in jobs]
-        reduced = [i for i, job in enumerate(jobs) if any(isinstance(p, ReducedPiece) for p in job.pieces)]
-        rows, gathered = self._rows(jobs, values, metas, reduced)
-        local_rows = rows
-        if reducer is not None:
-            rows = reducer.merge_rows(rows, torch.tensor(partitioned, device=device))
-        hist_index = [i for i, meta in enumerate(metas) if meta.histogram is not None]
-        device_hists = self._histograms(
-            hist_index, values, metas, rows[:, COL["min"]], rows[:, COL["max"]], None, partitioned, reducer, gathered
-        )
-        host_rows, host_hists = self._copy(rows, device_hists)
+    def _dense(self, i: int) -> torch.Tensor:
+        """Dense job ``i``'s values, flat, on the plan's device."""
+        values = self.converted[i] if i in self.converted else self.jobs[i].pieces[0].view(-1)
+        if values.device != self.plan.device:
+            values = values.to(self.plan.device, non_blocking=True)
+        return values
 
-        # Second pass, only for tensors holding NaN/Inf (sum, min and max reveal them).
-        nonempty = host_rows[:, COL["count"]] > 0
-        with np.errstate(invalid="ignore"):
-            finite = np.isfinite(host_rows[:, [COL["sum"], COL["min"], COL["max"]]]).all(axis=1)
-        nonfinite = nonempty & ~finite
-        host_rows[~nonfinite, COL["nan_count"]] = 0.0
-        host_rows[~nonfinite, COL["inf_count"]] = 0.0
-        redo = np.flatnonzero(nonfinite).tolist()
-        if redo:
-            # a reduced job's values are only its sample: its exact counts are in its own row
-            counts = torch.stack([
-                local_rows[i, [COL["nan_count"], COL["inf_count"]]] if i in reduced else nonfinite_counts(values[i])
-                for i in redo
-            ]).to(torch.float64)
-            # Collectives only for partitioned tensors: their merged rows and agreed edges are the
-            # same on every rank, so every rank redoes the same ones (a replicated tensor's local
-            # data must not decide a collective), and a replicated tensor's counts are already whole.
-            shared_redo = [j for j, i in enumerate(redo) if partitioned[i]] if reducer is not None else []
-            if shared_redo:
-                at = torch.tensor(shared_redo, device=counts.device)
-                counts[at] = reducer.sum(counts[at])  # NaN/Inf are partitioned exactly like the values
-            again = [i for i in redo if i in host_hists]
-            shared_again = [i for i in again if partitioned[i]] if reducer is not None else []
-            low, high, masks = [], [], {}
-            for i in again:
-                sample = strided_sample(values[i], metas[i].histogram.sample, metas[i].period)
-                is_finite = torch.isfinite(sample)
-                masks[i] = is_finite
-                # an empty sample (a rank without this tensor) must not move the agreed range: +-inf
-                low.append(torch.where(is_finite, sample, math.inf).amin() if sample.numel() else torch.tensor(math.inf, device=device))
-                high.append(torch.where(is_finite, sample, -math.inf).amax() if sample.numel() else torch.tensor(-math.inf, device=device))
-            lows = torch.full((len(values),), math.nan, dtype=torch.float64, device=device)
-            highs = lows.clone()
-            if again:
-                where = torch.tensor(again, device=device)
-                lows[where] = torch.stack(low).to(torch.float64)
-                highs[where] = torch.stack(high).to(torch.float64)
-                if shared_again:  # a sample's finite range is local: agree on it
-                    at = torch.tensor(shared_again, device=device)
-                    lows[at], highs[at] = reducer.min_max(lows[at], highs[at])
-            redo_hists = self._histograms(shared_again, values, metas, lows, highs, masks, partitioned, reducer)
-            redo_hists += self._histograms(
-                [i for i in again if i not in shared_again], values, metas, lows, highs, masks, partitioned, None
-            )
-            extra_rows, extra_hists = self._copy(counts, redo_hists)
-            for j, i in enumerate(redo):
-                host_rows[i, COL["nan_count"]] = extra_rows[j, 0]
-                host_rows[i, COL["inf_count"]] = extra_rows[j, 1]
-            host_hists.update(extra_hists)
+    def _torch_values(self, i: int) -> torch.Tensor:
+        """Values for the PyTorch path: a small plain tensor as it is (they are flattened together),
+        the others flat."""
+        if i in self.plan.small_torch:
+            piece = self.jobs[i].pieces[0]
+            return piece if piece.device == self.plan.device else piece.to(self.plan.device, non_blocking=True)
+        return self._dense(i)
 
+    def _flat(self, i: int) -> torch.Tensor:
+        values = self.values[i] if i in self.values else self._dense(i)
+        return values if values.dim() == 1 else values.view(-1)
+
+    def run(self) -> HostStatistics:
+        plan, jobs = self.plan, self.jobs
+        rows = self._rows()
+        if self.reducer is not None:
+            rows = self.reducer.merge_rows(rows, plan.partitioned)
+        flagged = self._nonfinite(rows)
+        hists = [self._histograms(group, rows, flagged) for group in plan.groups]
+        host_rows, host_hists = self._copy(rows, hists)
         raw = {
-            i: (job.raw if job.raw is not None else values[i]).reshape(_shape_of(job)).cpu().numpy().copy()
+            i: (job.raw if job.raw is not None else self._flat(i) if plan.kinds[i] != REDUCED else self.samples[i])
+            .reshape(_shape_of(job)).cpu().numpy().copy()
             for i, job in enumerate(jobs) if job.save_raw
         }
-        return HostStatistics(metas, host_rows, host_hists, raw)
+        return HostStatistics(plan.metas, host_rows, host_hists, raw)
 
-    def _rows(
-        self, jobs: Sequence[TensorJob], values: list[torch.Tensor], metas: list[_JobMeta], reduced: list[int]
-    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """Partial rows of every job, and the histogram samples already gathered: reduced jobs
-        bring theirs (rows of several calls merged), the others are reduced here."""
-        device = values[0].device
-        rows = torch.full((len(jobs), len(PARTIALS)), math.nan, dtype=torch.float64, device=device)
-        gathered: dict[int, torch.Tensor] = {}
-        if reduced:
-            pieces = [self._reduced_pieces(jobs[i]) for i in reduced]
-            # every piece's row converted at once; a module called several times merges its rows
-            flat = [p for ps in pieces for p in ps]
-            native_at = [k for k, p in enumerate(flat) if p.partial_row is None]
-            piece_rows = torch.empty((len(flat), len(PARTIALS)), dtype=torch.float64)
-            if native_at:
-                piece_rows[native_at] = torch.from_numpy(native_partial_rows(np.stack([flat[k].native_row for k in native_at])))
-            for k, p in enumerate(flat):
-                if p.partial_row is not None:
-                    piece_rows[k] = p.partial_row.to(torch.float64).cpu()
+    # ------------------------------------------------------------------ partial rows
+
+    def _rows(self) -> torch.Tensor:
+        plan = self.plan
+        if plan.all_torch:
+            self.values = {i: self._torch_values(i) for i in plan.torch}
+            return plan.torch_rows.run(list(self.values.values()), self.engine._scratch_for)
+        self.values = {}
+        if self.cpu:
+            host = np.full((plan.n, len(PARTIALS)), math.nan)
+            rows = torch.from_numpy(host)
+        else:
+            rows = torch.full((plan.n, len(PARTIALS)), math.nan, dtype=torch.float64, device=plan.device)
+        if plan.native:
+            pointers = [
+                self.converted[i].data_ptr() if plan.kinds[i] == VALUES else self.jobs[i].pieces[0].data_ptr()
+                for i in plan.native
+            ]
+            found = plan.moments.run(pointers)
+            if found is None:
+                raise RuntimeError("the compiled statistics kernel could not allocate its work arrays")
+            block = native_partial_rows(found)
+            block[~plan.native_mask] = math.nan  # as the PyTorch path: NaN where a column was not requested
+            host[plan.native_at] = block
+        if plan.reduced:
+            rows.index_copy_(0, plan.reduced_at, self._reduced_rows().to(plan.device, non_blocking=True))
+        if plan.torch:
+            values = [self._torch_values(i) for i in plan.torch]
+            self.values.update(zip(plan.torch, values, strict=True))
+            rows.index_copy_(0, plan.torch_at, plan.torch_rows.run(values, self.engine._scratch_for))
+        return rows
+
+    def _reduced_rows(self) -> torch.Tensor:
+        """Rows of the reduced jobs (several calls of a module merged), and their samples."""
+        plan, jobs = self.plan, self.jobs
+        pieces = [jobs[i].pieces for i in plan.reduced]
+        flat = [p for ps in pieces for p in ps]
+        native_at = [k for k, p in enumerate(flat) if p.partial_row is None]
+        piece_rows = torch.empty((len(flat), len(PARTIALS)), dtype=torch.float64)
+        if native_at:
+            piece_rows[native_at] = torch.from_numpy(native_partial_rows(np.stack([flat[k].native_row for k in native_at])))
+        for k, p in enumerate(flat):
+            if p.partial_row is not None:
+                piece_rows[k] = p.partial_row.to(torch.float64).cpu()
+        if len(flat) == len(pieces):
+            merged = piece_rows
+        else:
             starts = np.cumsum([0] + [len(ps) for ps in pieces]).tolist()
-            merged = [
+            merged = torch.stack([
                 piece_rows[a] if b - a == 1 else merge_partials(piece_rows[a:b])
                 for a, b in zip(starts[:-1], starts[1:], strict=True)
-            ]
-            rows.index_copy_(0, torch.tensor(reduced, device=device), torch.stack(merged).to(device))
-            for i in reduced:
-                if metas[i].histogram is not None:  # the samples of several calls: at most `sample` of them
-                    gathered[i] = strided_sample(values[i], metas[i].histogram.sample)
-        rest = [i for i in range(len(jobs)) if i not in set(reduced)]
-        if rest:
-            strides = {
-                k: sample_stride(values[i].numel(), metas[i].histogram.sample, metas[i].period)
-                for k, i in enumerate(rest)
-                if metas[i].histogram is not None and metas[i].histogram.reject_outliers <= 0.0
-            }
-            rest_rows, rest_gathered = partial_rows_and_samples(
-                [values[i] for i in rest], [needed_columns(jobs[i].stats) for i in rest], self._scratch_for, strides
+            ])
+        for i, ps in zip(plan.reduced, pieces, strict=True):
+            if plan.metas[i].histogram is not None:  # the samples of several calls: at most `sample` of them
+                sample = ps[0].sample if len(ps) == 1 else strided_sample(torch.cat([p.sample for p in ps]), plan.metas[i].histogram.sample)
+                self.samples[i] = sample.contiguous()
+        return merged
+
+    def _nonfinite(self, rows: torch.Tensor) -> np.ndarray | torch.Tensor:
+        """Which jobs hold NaN or Inf (a host array on a CPU, a device tensor elsewhere), with
+        their counts in ``rows``. On a CPU only the PyTorch-path jobs whose sum, min or max is
+        not finite are counted (the kernel's counts are exact already); under ``sync_free``
+        every count was taken in the first pass."""
+        plan = self.plan
+        if plan.sync_free:
+            return (rows[:, _NAN] + rows[:, _INF]) > 0
+        host = rows.numpy()
+        if plan.torch:
+            at = np.array(plan.torch, dtype=np.intp)
+            part = host[at]
+            with np.errstate(invalid="ignore"):
+                suspect = (part[:, COL["count"]] > 0) & ~np.isfinite(part[:, [COL["sum"], COL["min"], COL["max"]]]).all(axis=1)
+            host[at[~suspect], _NAN] = 0.0
+            host[at[~suspect], _INF] = 0.0
+            redo = at[suspect].tolist()
+            if redo:
+                counts = nonfinite_counts_of([self._flat(i) for i in redo], self.engine._scratch_for)
+                shared = [j for j, i in enumerate(redo) if plan.partitioned_list[i]] if self.reducer is not None else []
+                if shared:  # NaN and Inf are partitioned exactly like the values
+                    where = torch.tensor(shared)
+                    counts[where] = self.reducer.sum(counts[where])
+                host[redo, _NAN] = counts[:, 0].numpy()
+                host[redo, _INF] = counts[:, 1].numpy()
+        return (host[:, _NAN] + host[:, _INF]) > 0
+
+    # ------------------------------------------------------------------ histograms
+
+    def _sample(self, i: int) -> torch.Tensor:
+        if i in self.samples:
+            return self.samples[i]
+        plan, meta = self.plan, self.plan.metas[i]
+        if i in plan.strides:  # gathered by the kernel in its read
+            return plan.moments.sample(plan.native_slot[i], plan.value_dtypes[i])
+        return strided_sample(self._flat(i), meta.histogram.sample, meta.period)
+
+    def _histograms(self, group: HistogramGroup, rows: torch.Tensor, flagged: np.ndarray | torch.Tensor) -> _DeviceHistograms:
+        plan, reducer = self.plan, self.reducer
+        members = group.members
+        if group.batch is not None and not plan.sync_free and not flagged[members].any():
+            # the usual step: the kernel bins the samples it gathered, at pointers it knows
+            host = rows.numpy()
+            return _merge_workers(
+                self._native_histograms(group, [], host[members, COL["min"]], host[members, COL["max"]]),
+                plan.partitioned_list, reducer, group.partitioned,
             )
-            rows = rest_rows if len(rest) == len(jobs) else rows.index_copy(0, torch.tensor(rest, device=device), rest_rows)
-            gathered.update({rest[k]: sample for k, sample in rest_gathered.items()})
-        return rows, gathered
-
-    def _histograms(
-        self,
-        index: list[int],
-        values: list[torch.Tensor],
-        metas: list[_JobMeta],
-        lows: torch.Tensor,
-        highs: torch.Tensor,
-        masks: dict[int, torch.Tensor] | None,
-        partitioned: list[bool],
-        reducer: WorkerReducer | None,
-        gathered: dict[int, torch.Tensor] | None = None,
-    ) -> list[_DeviceHistograms]:
-        """Histograms of the jobs in ``index``, batched by (bins, dtype, fixed range).
-
-        ``lows``/``highs`` ``[N]`` give each tensor's range unless its config fixes one or rejects
-        outliers; ``masks[i]`` (over the sample) leaves values out. ``gathered[i]``, where given,
-        is tensor ``i``'s strided sample, already gathered (by the compiled kernel).
-        """
-        groups: dict[tuple[int, torch.dtype, tuple[float, float] | None], list[int]] = {}
-        for i in index:
-            config = metas[i].histogram
-            groups.setdefault((config.bins, values[i].dtype, config.range), []).append(i)
-        out = []
-        for (bins, dtype, fixed), members in groups.items():
-            native_group = self._native_histograms(members, values, metas, lows, highs, masks, bins, dtype, fixed, gathered or {})
-            if native_group is not None:
-                out.append(_merge_workers(native_group, partitioned, reducer))
-                continue
-            device = values[members[0]].device
-            where = torch.tensor(members, device=device)
-            samples, group_masks, sampled = [], [], []
-            low, high = lows[where].clone(), highs[where].clone()
-            rejected = torch.zeros(len(members), dtype=torch.float64, device=device)
-            for g, i in enumerate(members):
-                config = metas[i].histogram
-                sample = strided_sample(values[i], config.sample, metas[i].period)
-                mask = masks.get(i) if masks else None
-                if config.reject_outliers > 0.0:  # rare: a per-tensor median and quantile
-                    kept, n_rejected = reject_outliers(sample, config.reject_outliers)
-                    mask = kept if mask is None else mask & kept
-                    rejected[g] = n_rejected.to(torch.float64)
-                    if sample.numel():
-                        low[g] = torch.where(kept, sample, math.inf).amin().to(torch.float64)
-                        high[g] = torch.where(kept, sample, -math.inf).amax().to(torch.float64)
-                samples.append(sample)
-                group_masks.append(mask)
-                sampled.append(sample.numel() < metas[i].numel)
-            if reducer is not None and any(metas[i].histogram.reject_outliers > 0 for i in members):
-                low, high = reducer.min_max(low, high)
-            data_low, data_high = low, high  # reported as the histogram's min/max, also with a fixed range
-            if fixed is not None:
-                low, high = torch.full_like(low, fixed[0]), torch.full_like(high, fixed[1])
-            low, high = histogram_range(low, high, dtype)  # also: no range (all NaN, empty) -> [-0.5, 0.5]
-            counts, scale, below, above = histogram_counts(samples, low, high, bins, group_masks, clip=fixed is not None)
-            extra = torch.stack(
-                [low, high, scale, data_low, data_high, counts.sum(1), rejected, below, above]
-            ).to(torch.float64).T.contiguous()
-            out.append(_merge_workers(_DeviceHistograms(members, counts, extra, sampled, dtype), partitioned, reducer))
-        return out
+        samples = [self._sample(i) for i in members]
+        masks: list[torch.Tensor | None] = [None] * len(members)
+        if plan.sync_free:
+            # ranges chosen on the device: the tensor's, or its sample's finite one where it holds NaN/Inf
+            low, high = rows[group.at, COL["min"]], rows[group.at, COL["max"]]
+            finite_low, finite_high = finite_range_rows(samples, group.layout, low.dtype)
+            if reducer is not None:
+                finite_low, finite_high = reducer.min_max(finite_low, finite_high)
+            holds = flagged[group.at]
+            low, high = torch.where(holds, finite_low, low), torch.where(holds, finite_high, high)
+            masks = [torch.isfinite(s) for s in samples]
+        else:
+            host = rows.numpy()
+            low, high = host[members, COL["min"]], host[members, COL["max"]]
+            holds = flagged[members]
+            if holds.any():
+                low, high = low.copy(), high.copy()
+                redo = np.flatnonzero(holds).tolist()
+                found = native.finite_ranges([samples[g] for g in redo], [1] * len(redo)) if all(
+                    native.supports(samples[g]) for g in redo) else None
+                if found is None:
+                    finite_low, finite_high = finite_range_rows([samples[g] for g in redo], None, torch.float64)
+                    found = finite_low.numpy(), finite_high.numpy()
+                shared = [j for j, g in enumerate(redo) if plan.partitioned_list[members[g]]] if reducer is not None else []
+                if shared:  # a sample's finite range is local: agree on it
+                    agreed = reducer.min_max(torch.from_numpy(found[0][shared]), torch.from_numpy(found[1][shared]))
+                    found[0][shared], found[1][shared] = agreed[0].numpy(), agreed[1].numpy()
+                low[redo], high[redo] = found
+                if not group.native:
+                    for g in redo:
+                        masks[g] = torch.isfinite(samples[g])
+            if not group.native:
+                low, high = torch.from_numpy(low), torch.from_numpy(high)
+        if group.native:
+            out = self._native_histograms(group, samples, low, high)
+        else:
+            out = self._torch_histograms(group, samples, masks, low, high)
+        return _merge_workers(out, plan.partitioned_list, reducer, group.partitioned)
 
     def _native_histograms(
-        self,
-        members: list[int],
-        values: list[torch.Tensor],
-        metas: list[_JobMeta],
-        lows: torch.Tensor,
-        highs: torch.Tensor,
-        masks: dict[int, torch.Tensor] | None,
-        bins: int,
-        dtype: torch.dtype,
-        fixed: tuple[float, float] | None,
-        gathered: dict[int, torch.Tensor],
-    ) -> _DeviceHistograms | None:
-        """The group binned by the compiled kernel (CPU tensors, no mask, no outlier rejection):
-        the same ranges, scales and bins as the PyTorch path, without its per-tensor ops."""
-        if (
-            lows.device.type != "cpu"
-            or (masks and any(i in masks for i in members))
-            or any(metas[i].histogram.reject_outliers > 0.0 for i in members)
-            or not all(native.supports(values[i]) for i in members)
-            or not native.available()
-        ):
-            return None
-        # in numpy: the same IEEE operations as the PyTorch path, without a dozen ops on 16 values
-        data_low = lows.numpy().astype(np.float64, copy=False)[members]
-        data_high = highs.numpy().astype(np.float64, copy=False)[members]
+        self, group: HistogramGroup, samples: list[torch.Tensor], data_low: np.ndarray, data_high: np.ndarray
+    ) -> _DeviceHistograms:
+        """The group binned by the compiled kernel: the same ranges, scales and bins as the
+        PyTorch path (ranges in numpy: the same IEEE operations, without a dozen ops on 16 values)."""
+        fixed, bins = group.fixed, group.bins
         low, high = (data_low, data_high) if fixed is None else (np.full_like(data_low, fixed[0]), np.full_like(data_high, fixed[1]))
-        low, high = histogram_range(low, high, dtype)  # the same ranges and scales as the PyTorch path
+        low, high = histogram_range(low, high, group.dtype)
         scale = histogram_scale(low, high, bins)
-        strides = [sample_stride(values[i].numel(), metas[i].histogram.sample, metas[i].period) for i in members]
-        # a sample gathered by the moments kernel is read contiguously; else every stride-th value
-        sources = [gathered[i] if i in gathered else values[i] for i in members]
-        read_every = [1 if i in gathered else stride for i, stride in zip(members, strides, strict=True)]
-        found = native.histograms(sources, read_every, low, high, scale, bins, clip=fixed is not None)
+        if group.batch is not None:
+            found = group.batch.run(low, high, scale)
+        else:
+            found = native.histograms(samples, [1] * len(samples), low, high, scale, bins, clip=fixed is not None)
         if found is None:
-            return None
+            raise RuntimeError("the compiled statistics kernel is not available")
         counts, below, above = found
-        binned = counts.sum(1)
-        extra = np.stack([low, high, scale, data_low, data_high, binned, np.zeros(len(members)), below, above]).astype(np.float64).T
-        sampled = [
-            (gathered[i].numel() if i in gathered else -(-values[i].numel() // stride)) < metas[i].numel
-            for i, stride in zip(members, strides, strict=True)
-        ]
-        return _DeviceHistograms(members, torch.from_numpy(counts), torch.from_numpy(np.ascontiguousarray(extra)), sampled, dtype)
+        extra = np.stack([low, high, scale, data_low, data_high, counts.sum(1), np.zeros(len(group.members)), below, above])
+        return _DeviceHistograms(
+            group.members, torch.from_numpy(counts), torch.from_numpy(np.ascontiguousarray(extra.astype(np.float64).T)),
+            group.sampled, group.dtype,
+        )
 
-    def _copy(self, rows: torch.Tensor, hists: list[_DeviceHistograms]) -> tuple[np.ndarray, dict[int, _HostHistogram]]:
-        """One device-to-host copy of ``rows`` and every histogram."""
+    def _torch_histograms(
+        self, group: HistogramGroup, samples: list[torch.Tensor], masks: list[torch.Tensor | None],
+        low: torch.Tensor, high: torch.Tensor,
+    ) -> _DeviceHistograms:
+        plan, reducer, metas = self.plan, self.reducer, self.plan.metas
+        device = plan.device
+        low, high = low.to(device, torch.float64), high.to(device, torch.float64)
+        rejected = torch.zeros(len(samples), dtype=torch.float64, device=device)
+        if group.reject:
+            low, high = low.clone(), high.clone()
+            for g, i in enumerate(group.members):  # rare: a per-tensor median and quantile
+                fraction = metas[i].histogram.reject_outliers
+                if fraction <= 0.0:
+                    continue
+                kept, n_rejected = reject_outliers(samples[g], fraction)
+                masks[g] = kept if masks[g] is None else masks[g] & kept
+                rejected[g] = n_rejected.to(torch.float64)
+                if samples[g].numel():
+                    low[g] = torch.where(kept, samples[g], math.inf).amin().to(torch.float64)
+                    high[g] = torch.where(kept, samples[g], -math.inf).amax().to(torch.float64)
+            if reducer is not None:
+                low, high = reducer.min_max(low, high)
+        data_low, data_high = low, high  # reported as the histogram's min/max, also with a fixed range
+        if group.fixed is not None:
+            low, high = torch.full_like(low, group.fixed[0]), torch.full_like(high, group.fixed[1])
+        low, high = histogram_range(low, high, group.dtype)  # also: no range (all NaN, empty) -> [-0.5, 0.5]
+        samples = [s if s.device == device else s.to(device, non_blocking=True) for s in samples]
+        counts, scale, below, above = histogram_counts(samples, low, high, group.bins, masks, clip=group.fixed is not None, layout=group.layout)
+        extra = torch.stack(
+            [low, high, scale, data_low, data_high, counts.sum(1), rejected, below, above]
+        ).to(torch.float64).T.contiguous()
+        return _DeviceHistograms(group.members, counts, extra, group.sampled, group.dtype)
+
+    # ------------------------------------------------------------------ the one host copy
+
+    def _copy(self, rows: torch.Tensor, hists: list[_DeviceHistograms]) -> tuple[np.ndarray, _HostHistograms]:
+        """One device-to-host copy of ``rows`` and every histogram (on a CPU, the arrays as they are)."""
+        engine = self.engine
+        if self.cpu and rows.device.type == "cpu" and all(h.counts.device.type == "cpu" for h in hists):
+            # .cpu() of a CPU tensor is the tensor itself: counted as the step's one copy all the same
+            return engine._to_host(rows), _HostHistograms([(h, h.counts.numpy(), h.extra.numpy()) for h in hists])
         parts = [rows.reshape(-1).to(torch.float64)]
         for h in hists:
-            parts += [h.counts.reshape(-1).to(torch.float64), h.extra.reshape(-1)]
-        flat = self._to_host(torch.cat(parts))
+            parts += [h.counts.reshape(-1).to(torch.float64), h.extra.reshape(-1).to(torch.float64)]
+        flat = engine._to_host(torch.cat(parts))
         n_rows = rows.numel()
-        host_rows = flat[:n_rows].reshape(rows.shape).copy()
-        out: dict[int, _HostHistogram] = {}
-        offset = n_rows
+        host_rows = flat[:n_rows].reshape(rows.shape)
+        offset, found = n_rows, []
         for h in hists:
             groups, bins = h.counts.shape
             counts = flat[offset : offset + groups * bins].reshape(groups, bins).astype(np.int64)
             offset += groups * bins
-            extra = flat[offset : offset + groups * 9].reshape(groups, 9)
+            found.append((h, counts, flat[offset : offset + groups * 9].reshape(groups, 9)))
             offset += groups * 9
-            dtype = np.dtype(str(h.dtype).removeprefix("torch."))
-            for g, i in enumerate(h.index):
-                low, high, scale, data_low, data_high, binned, rejected, underflow, overflow = extra[g]
-                out[i] = _HostHistogram(
-                    counts[g].copy(), float(low), float(high), float(scale), dtype, float(data_low), float(data_high),
-                    int(binned), int(rejected), int(underflow), int(overflow), h.sampled[g],
-                )
-        return host_rows, out
+        return host_rows, _HostHistograms(found)
+
+
+class _HostHistograms(Mapping[int, _HostHistogram]):
+    """The histograms of a step by job index, kept as the arrays they arrived in: each
+    :class:`_HostHistogram` is made when asked for (on the dispatcher thread), not per tensor on
+    the training thread."""
+
+    def __init__(self, groups: list[tuple[_DeviceHistograms, np.ndarray, np.ndarray]]) -> None:
+        self._groups = groups
+        self._where = {i: (k, g) for k, (h, _, _) in enumerate(groups) for g, i in enumerate(h.index)}
+
+    def __getitem__(self, i: int) -> _HostHistogram:
+        k, g = self._where[i]
+        h, counts, extra = self._groups[k]
+        low, high, scale, data_low, data_high, binned, rejected, underflow, overflow = extra[g].tolist()
+        return _HostHistogram(
+            counts[g], low, high, scale, np.dtype(str(h.dtype).removeprefix("torch.")), data_low, data_high,
+            int(binned), int(rejected), int(underflow), int(overflow), h.sampled[g],
+        )
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, i: object) -> bool:
+        return i in self._where
 
 
 def _merge_workers(
-    hists: _DeviceHistograms, partitioned: list[bool], reducer: WorkerReducer | None
+    hists: _DeviceHistograms, partitioned: list[bool], reducer: WorkerReducer | None, shared: torch.Tensor | None = None
 ) -> _DeviceHistograms:
     """Sum the counts of partitioned tensors over the workers (their ranges are agreed already).
     Replicated tensors are identical on every rank: summing them would count world_size times."""
     if reducer is None or not any(partitioned[i] for i in hists.index):
         return hists
-    shared = torch.tensor([partitioned[i] for i in hists.index], device=hists.counts.device)
+    if shared is None or shared.device != hists.counts.device:
+        shared = torch.tensor([partitioned[i] for i in hists.index], device=hists.counts.device)
     counts = torch.where(shared[:, None], reducer.sum(hists.counts), hists.counts)
     extra = hists.extra.clone()
     extra[:, 5:] = torch.where(shared[:, None], reducer.sum(extra[:, 5:]), extra[:, 5:])

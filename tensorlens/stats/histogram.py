@@ -38,21 +38,22 @@ def reject_outliers(values: torch.Tensor, fraction: float) -> tuple[torch.Tensor
     """Drop the ``fraction`` of finite values farthest from their median.
 
     Returns ``(kept_mask, rejected_count)``; non-finite values are not kept and not counted as
-    rejected (they have their own counts).
+    rejected (they have their own counts). No host sync: the median and the threshold are read
+    from sorted copies at positions computed on the device (``values[finite]`` and ``kthvalue``
+    with a data-dependent ``k`` would make the host wait for a GPU).
     """
     finite = torch.isfinite(values)
+    zero = torch.zeros((), dtype=torch.int64, device=values.device)
     if fraction <= 0.0 or values.numel() == 0:
-        return finite, torch.zeros((), dtype=torch.int64, device=values.device)
-    finite_values = values[finite]
-    m = finite_values.numel()
-    if m == 0:
-        return finite, torch.zeros((), dtype=torch.int64, device=values.device)
-    median = finite_values.kthvalue((m + 1) // 2).values
-    distance = (values - median).abs()
-    keep = max(1, math.ceil((1.0 - fraction) * m))
-    threshold = (finite_values - median).abs().kthvalue(keep).values
+        return finite, zero
+    m = finite.sum()  # finite values; non-finite ones sort last below (+inf)
+    ordered = torch.where(finite, values, math.inf).sort().values
+    median = ordered.gather(0, ((m + 1) // 2 - 1).clamp(min=0).reshape(1))  # kthvalue((m + 1) // 2)
+    distance = torch.where(finite, (values - median).abs(), math.inf)
+    keep = torch.ceil((1.0 - fraction) * m.to(torch.float64)).to(torch.int64).clamp(min=1)  # max(1, ceil(...))
+    threshold = distance.sort().values.gather(0, (keep - 1).reshape(1))
     kept = finite & (distance <= threshold)
-    return kept, finite.sum() - kept.sum()
+    return kept, m - kept.sum()
 
 
 Ranges = TypeVar("Ranges", torch.Tensor, np.ndarray)
@@ -97,8 +98,9 @@ def histogram_counts(
     bins: int,
     masks: list[torch.Tensor | None] | None = None,
     clip: bool = False,
+    layout: HistogramLayout | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Counts of every sample over its ``[low[g], high[g]]`` in ``bins`` bins, in one ``bincount``.
+    """Counts of every sample over its ``[low[g], high[g]]`` in ``bins`` bins, in one ``index_add_``.
 
     A value ``x`` goes to bin ``min(floor((x - low) * scale), bins - 1)`` with
     ``scale = bins / (high - low)`` rounded to the values' dtype. A subtraction and a
@@ -111,6 +113,7 @@ def histogram_counts(
     outside ``[low, high]`` are not binned and are counted in ``below``/``above``; otherwise the
     range is the data's and every finite value lies inside it. NaN and ±Inf are never binned by
     the caller's contract: a tensor holding them is binned again with a finite mask.
+    ``layout`` (of these samples' lengths) is built here when not given.
     Returns ``(counts [G, bins] int64, scale [G], below [G], above [G])``.
     """
     groups = len(samples)
@@ -119,23 +122,17 @@ def histogram_counts(
     trash = groups * bins  # the bin every value left out goes to (exact in float32 up to 2**24)
     below = torch.zeros(groups, dtype=torch.int64, device=device)
     above = torch.zeros(groups, dtype=torch.int64, device=device)
-    # Samples of one length are stacked and binned together: a handful of ops per length instead
-    # of per tensor (most samples have the configured length), and no per-value expansion of
-    # low/scale/offsets (repeat_interleave costs more than the binning itself).
-    by_length: dict[int, list[int]] = {}
-    for g, sample in enumerate(samples):
-        by_length.setdefault(sample.numel(), []).append(g)
+    if layout is None:
+        layout = HistogramLayout([s.numel() for s in samples], bins, device)
     positions = []
-    for length, members in by_length.items():
-        if length == 0:
-            continue
-        at = torch.tensor(members, device=device)
-        values = torch.stack([samples[g].reshape(-1) for g in members]).to(dtype)  # [k, length]
+    for length, members, at, offsets in layout.by_length:
+        flat = [samples[g] if samples[g].dim() == 1 else samples[g].reshape(-1) for g in members]
+        values = (torch.stack(flat) if len(flat) > 1 else flat[0].unsqueeze(0)).to(dtype)  # [k, length]
         lo, hi, sc = low[at, None], high[at, None], scale[at, None]
         position = torch.sub(values, lo).mul_(sc)
         # floor before adding the group's offset: 2.9999999 + 3200 would round up a bin in float32
         position.nan_to_num_(0.0, float(bins - 1), 0.0).clamp_(0, bins - 1).floor_()
-        position.add_((at * bins).to(dtype)[:, None])
+        position.add_(offsets.to(dtype))
         keep = None
         if masks is not None and any(masks[g] is not None for g in members):
             keep = torch.stack([
@@ -154,6 +151,33 @@ def histogram_counts(
         if keep is not None:
             position.masked_fill_(~keep, trash)
         positions.append(position.reshape(-1))
-    index = torch.cat(positions).to(torch.int64) if positions else torch.zeros(0, dtype=torch.int64, device=device)
-    counts = torch.bincount(index, minlength=trash + 1)[:trash].reshape(groups, bins)
-    return counts, scale, below, above
+    # a fixed-size buffer and index_add_: bincount sizes its output from the data (a host sync on a GPU)
+    counts = torch.zeros(trash + 1, dtype=torch.int64, device=device)
+    if positions:
+        index = torch.cat(positions).to(torch.int64) if len(positions) > 1 else positions[0].to(torch.int64)
+        counts.index_add_(0, index, layout.ones(index.numel(), device))
+    return counts[:trash].reshape(groups, bins), scale, below, above
+
+
+class HistogramLayout:
+    """How :func:`histogram_counts` batches samples of these lengths: samples of one length are
+    stacked and binned together, with their group indices and bin offsets on the device. Built
+    once per plan (:mod:`tensorlens.engine.step_plan`), so a step creates no index tensors."""
+
+    def __init__(self, lengths: list[int], bins: int, device: torch.device) -> None:
+        from tensorlens.stats.torch_rows import to_device
+
+        by_length: dict[int, list[int]] = {}
+        for g, length in enumerate(lengths):
+            by_length.setdefault(length, []).append(g)
+        self.by_length = [
+            (length, members, to_device(members, torch.int64, device), to_device([g * bins for g in members], torch.int64, device)[:, None])
+            for length, members in by_length.items() if length > 0
+        ]
+        self._ones: torch.Tensor | None = None
+
+    def ones(self, n: int, device: torch.device) -> torch.Tensor:
+        """``n`` ones (int64) for ``index_add_``, a view of a buffer kept across steps."""
+        if self._ones is None or self._ones.numel() < n:
+            self._ones = torch.ones(n, dtype=torch.int64, device=device)
+        return self._ones[:n]

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from tensorlens.stats import native, registry
+from tensorlens.stats.torch_rows import TorchRows, nonfinite_count_rows
 
 #: Columns of a partial row, in order (declared with their merge rules in :mod:`tensorlens.stats.registry`).
 PARTIALS = tuple(column.name for column in registry.COLUMNS)
@@ -62,19 +63,6 @@ def as_values(tensor: torch.Tensor) -> torch.Tensor:
     flat = tensor.detach().reshape(-1)
     target = compute_dtype(flat.dtype)
     return flat if flat.dtype == target else flat.to(target)
-
-
-def _exact_median(values: torch.Tensor) -> torch.Tensor:
-    """numpy's median of a flat tensor (see :func:`_exact_median_rows`); NaN when empty."""
-    if values.numel() == 0:
-        return torch.tensor(math.nan, dtype=torch.float64, device=values.device)
-    return _exact_median_rows(values.reshape(1, -1))[0]
-
-
-#: Tensors up to this many values share one float64 buffer with segment sums; larger ones are
-#: reduced one by one. Per-tensor ops cost ~5-10 us of dispatch each, which dominates for small
-#: tensors (biases, norms, activations of small batches); a shared buffer costs a fixed number of ops.
-SMALL_TENSOR = 2048
 
 
 def partial_rows(
@@ -112,17 +100,14 @@ def partial_rows_and_samples(
     if n_rows == 0:
         return torch.zeros((0, len(PARTIALS)), dtype=torch.float64), {}
     device = values[0].device
-    rows = torch.full((n_rows, len(PARTIALS)), math.nan, dtype=torch.float64, device=device)
-    counts = [v.numel() for v in values]
-    rows[:, COL["count"]] = torch.tensor(counts, dtype=torch.float64, device=device)
     samples: dict[int, torch.Tensor] = {}
+    rows = torch.full((n_rows, len(PARTIALS)), math.nan, dtype=torch.float64, device=device)
     done = _native_rows(rows, values, columns, sample_strides or {}, samples)
-    small = [i for i in range(n_rows) if counts[i] <= SMALL_TENSOR and i not in done]
-    large = [i for i in range(n_rows) if counts[i] > SMALL_TENSOR and i not in done]
-    if small:
-        _small_rows(rows, small, [values[i] for i in small], frozenset().union(*(columns[i] for i in small)))
-    if large:
-        _large_rows(rows, large, [values[i] for i in large], [columns[i] for i in large], scratch)
+    rest = [i for i in range(n_rows) if i not in done]
+    if rest:
+        plan = TorchRows([values[i].numel() for i in rest], [values[i].dtype for i in rest], [columns[i] for i in rest], device)
+        found = plan.run([values[i] for i in rest], scratch)
+        rows = found if len(rest) == n_rows else rows.index_copy(0, torch.tensor(rest, device=device), found)
     return rows, samples
 
 
@@ -178,179 +163,14 @@ _FROM_NATIVE = np.array([COL[name] for name in native.COLUMNS])
 _NATIVE_COUNT, _NATIVE_SUM, _NATIVE_M2 = (native.COLUMNS.index(name) for name in ("count", "sum", "m2"))
 
 
-def _set(rows: torch.Tensor, index: list[int], column: str, value: torch.Tensor) -> None:
-    rows[torch.tensor(index, device=rows.device), COL[column]] = value.to(torch.float64)
-
-
-def _small_rows(rows: torch.Tensor, index: list[int], values: list[torch.Tensor], columns: frozenset[str]) -> None:
-    """Segment reductions over one float64 buffer holding every small tensor."""
-    device = rows.device
-    flat = torch.cat([v.to(torch.float64) for v in values])
-    lengths = torch.tensor([v.numel() for v in values], device=device)
-    n = lengths.to(torch.float64)
-    segment = torch.repeat_interleave(torch.arange(len(values), device=device), lengths)
-    zeros = torch.zeros(len(values), dtype=torch.float64, device=device)
-    empty = lengths == 0
-
-    def seg_sum(x: torch.Tensor) -> torch.Tensor:
-        return zeros.clone().index_add_(0, segment, x)
-
-    def seg_extreme(x: torch.Tensor, how: str) -> torch.Tensor:
-        start = math.inf if how == "amin" else -math.inf
-        out = torch.full_like(zeros, start).scatter_reduce_(0, segment, x, how, include_self=True)
-        return torch.where(empty, torch.full_like(out, math.nan), out)
-
-    total = seg_sum(flat)
-    _set(rows, index, "sum", total)
-    _set(rows, index, "min", seg_extreme(flat, "amin"))
-    _set(rows, index, "max", seg_extreme(flat, "amax"))
-    safe_n = n.clamp(min=1)
-    if columns & {"m2", "sumsq"}:
-        centred = flat - (total / safe_n)[segment]
-        m2 = seg_sum(centred.square()) - seg_sum(centred).square() / safe_n
-        _set(rows, index, "m2", m2)
-        _set(rows, index, "sumsq", m2 + total.square() / safe_n)
-    if columns & {"l1", "abs_min", "abs_m2"}:
-        magnitude = flat.abs()
-        l1 = seg_sum(magnitude)
-        _set(rows, index, "l1", l1)
-        if "abs_min" in columns:
-            _set(rows, index, "abs_min", seg_extreme(magnitude, "amin"))
-        if "abs_m2" in columns:
-            centred = magnitude - (l1 / safe_n)[segment]
-            _set(rows, index, "abs_m2", seg_sum(centred.square()) - seg_sum(centred).square() / safe_n)
-    if "zero_count" in columns:
-        _set(rows, index, "zero_count", seg_sum((flat == 0).to(torch.float64)))
-    if "prod" in columns:
-        _set(rows, index, "prod", torch.ones_like(zeros).scatter_reduce_(0, segment, flat, "prod", include_self=True))
-    for name in ("median", "abs_median"):  # not a segment reduction: one sort per tensor, only on request
-        if name in columns:
-            medians = [_exact_median(v.abs() if name == "abs_median" else v) for v in values]
-            _set(rows, index, name, torch.stack([m.to(torch.float64) for m in medians]))
-
-
-#: Tensors of equal size up to this many values are stacked into one matrix and reduced along
-#: its rows: a handful of ops for the group instead of per tensor (16 activations of a batch, the
-#: small weights of a model). Larger tensors are reduced one by one: there the dispatch cost of an
-#: op is small next to its work, and stacking them (a copy into fresh memory) costs more than it
-#: saves (16 x 262144 float32: 1.8 ms to stack, 0.4 ms of ops saved).
-STACK_TENSOR = 1 << 16
-#: At most this many values per stacked matrix (float32: 16 MiB, plus as much scratch).
-STACK_VALUES = 1 << 22
-
-
-def _stacked_blocks(
-    values: list[torch.Tensor], columns: list[frozenset[str]]
-) -> list[tuple[list[int], torch.Tensor, frozenset[str]]]:
-    """``(positions, matrix [k, n], columns)`` covering every tensor once: equal-size tensors
-    (same dtype, device and requested columns) stacked, the others as ``[1, n]`` views."""
-    groups: dict[tuple[object, ...], list[int]] = {}
-    blocks = []
-    for i, v in enumerate(values):
-        n = v.numel()
-        if n <= STACK_TENSOR:
-            groups.setdefault((n, v.dtype, v.device, columns[i]), []).append(i)
-        else:
-            blocks.append(([i], v.view(1, n), columns[i]))
-    for (n, _, _, cols), members in groups.items():
-        per_block = max(1, STACK_VALUES // n)
-        for start in range(0, len(members), per_block):
-            chunk = members[start : start + per_block]
-            matrix = values[chunk[0]].view(1, n) if len(chunk) == 1 else torch.stack([values[i] for i in chunk])
-            blocks.append((chunk, matrix, cols))
-    return blocks
-
-
-def _large_rows(
-    rows: torch.Tensor,
-    index: list[int],
-    values: list[torch.Tensor],
-    columns: list[frozenset[str]],
-    scratch: Callable[[torch.Tensor], torch.Tensor] | None,
-) -> None:
-    """Row-wise reductions of :func:`_stacked_blocks`; the scalar arithmetic that turns them into
-    partial rows is done once for all blocks (per-block conversions cost more than the blocks)."""
-    device = rows.device
-    raw: dict[str, list[torch.Tensor]] = {}
-    order: list[int] = []
-    lengths: list[torch.Tensor] = []
-    for positions, matrix, cols in _stacked_blocks(values, columns):
-        k, n = matrix.shape
-        found = _block_raw(matrix, cols, scratch)
-        for name in _RAW:
-            raw.setdefault(name, []).append(found[name] if name in found else torch.full((k,), math.nan, device=device))
-        order += [index[p] for p in positions]
-        lengths.append(torch.full((k,), float(n), dtype=torch.float64, device=device))
-    r = {name: torch.cat(parts).to(torch.float64) for name, parts in raw.items()}  # cat promotes to the widest dtype
-    n = torch.cat(lengths)
-    m2 = r["sq"] - r["dev"].square() / n
-    block = {
-        "sum": r["sum"], "min": r["min"], "max": r["max"], "m2": m2, "sumsq": m2 + r["sum"].square() / n,
-        "l1": r["l1"], "abs_min": r["abs_min"], "abs_m2": r["abs_sq"] - r["abs_dev"].square() / n,
-        "zero_count": r["zero_count"], "prod": r["prod"], "median": r["median"], "abs_median": r["abs_median"],
-    }
-    at = torch.tensor(order, device=device)
-    names = list(block)
-    rows[at.unsqueeze(1), torch.tensor([COL[c] for c in names], device=device)] = torch.stack([block[c] for c in names], dim=1)
-
-
-#: What :func:`_block_raw` returns, per row of a block (NaN where not requested).
-_RAW = ("sum", "min", "max", "dev", "sq", "l1", "abs_min", "abs_dev", "abs_sq", "zero_count", "prod", "median", "abs_median")
-
-
-def _block_raw(
-    matrix: torch.Tensor, cols: frozenset[str], scratch: Callable[[torch.Tensor], torch.Tensor] | None
-) -> dict[str, torch.Tensor]:
-    """Reductions ``[k]`` of the ``k`` rows of ``matrix`` ``[k, n]``, named as in :data:`_RAW`."""
-    k, n = matrix.shape
-    buf = scratch(matrix)[: k * n].view(k, n) if scratch is not None else torch.empty_like(matrix)
-    total = matrix.sum(1)
-    # not aminmax(dim=1): on CPU it is 5-10x slower than amin and amax along a dimension
-    out = {"sum": total, "min": matrix.amin(1), "max": matrix.amax(1)}
-    if cols & {"m2", "sumsq"}:
-        centred = torch.sub(matrix, (total / n).unsqueeze(1), out=buf)  # x - mean, into the scratch buffer
-        out["dev"] = centred.sum(1)
-        # squares summed by the cascade sum: a BLAS dot errs by ~3e-6 relative at 3M values
-        # (and varies with the thread count), vector_norm's naive float32 loop by 1e-4
-        out["sq"] = centred.square_().sum(1)
-    if cols & {"l1", "abs_min", "abs_m2", "abs_median"}:
-        magnitude = torch.abs(matrix, out=buf)
-        l1 = magnitude.sum(1)
-        out["l1"] = l1
-        if "abs_min" in cols:
-            out["abs_min"] = magnitude.amin(1)
-        if "abs_median" in cols:
-            out["abs_median"] = _exact_median_rows(magnitude)
-        if "abs_m2" in cols:
-            centred = magnitude.sub_((l1 / n).unsqueeze(1))
-            out["abs_dev"] = centred.sum(1)
-            out["abs_sq"] = centred.square_().sum(1)
-    if "zero_count" in cols:
-        out["zero_count"] = n - matrix.bool().sum(1)  # exact; NaN counts as non-zero
-    if "prod" in cols:
-        out["prod"] = matrix.to(torch.float64).prod(1)
-    if "median" in cols:
-        out["median"] = _exact_median_rows(matrix)
-    return out
-
-
-def _exact_median_rows(matrix: torch.Tensor) -> torch.Tensor:
-    """numpy's median of every row of ``[k, n]`` (``n > 0``): the mean of the two middle values
-    for an even count; NaN for a row holding NaN."""
-    n = matrix.shape[1]
-    lower = matrix.kthvalue((n + 1) // 2, dim=1).values
-    median = (lower + matrix.kthvalue(n // 2 + 1, dim=1).values) / 2 if n % 2 == 0 else lower
-    return torch.where(torch.isnan(matrix).any(1), torch.full_like(median, math.nan), median)
-
-
 def partial_row(values: torch.Tensor, columns: frozenset[str]) -> torch.Tensor:
     """The partial row of one flat tensor (see :func:`partial_rows`)."""
     return partial_rows([values], [columns])[0]
 
 
 def nonfinite_counts(values: torch.Tensor) -> torch.Tensor:
-    """``[nan_count, inf_count]`` as float64, computed only for tensors known to hold NaN or Inf."""
-    return torch.stack([torch.isnan(values).sum(), torch.isinf(values).sum()]).to(torch.float64)
+    """``[nan_count, inf_count]`` as float64 of a flat tensor (see :func:`nonfinite_count_rows`)."""
+    return nonfinite_count_rows(values.reshape(1, -1))[0]
 
 
 def merge_partials(rows: torch.Tensor) -> torch.Tensor:

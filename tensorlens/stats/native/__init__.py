@@ -18,9 +18,20 @@ pool's spinning workers (measured slower on smaller tensors).
 from __future__ import annotations
 
 from tensorlens.stats.native.build import available, prepare, reset, shares_torch_threads
-from tensorlens.stats.native.kernels import COLUMNS, edges, histograms, moments, moments_one, supports, wants
+from tensorlens.stats.native.kernels import (
+    COLUMNS,
+    HistogramBatch,
+    MomentsBatch,
+    edges,
+    finite_ranges,
+    histograms,
+    moments,
+    moments_one,
+    supports,
+    wants,
+)
 
 __all__ = [
-    "COLUMNS", "available", "edges", "histograms", "moments", "moments_one", "prepare", "reset",
-    "shares_torch_threads", "supports", "wants",
+    "COLUMNS", "HistogramBatch", "MomentsBatch", "available", "edges", "finite_ranges", "histograms", "moments",
+    "moments_one", "prepare", "reset", "shares_torch_threads", "supports", "wants",
 ]

@@ -179,6 +179,8 @@ def _build_in(cache: Path, compiler: str, source: bytes) -> ctypes.CDLL | None:
         library.tl_histograms.restype = ctypes.c_int
         library.tl_edges.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p]
         library.tl_edges.restype = ctypes.c_int
+        library.tl_finite_range.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 6
+        library.tl_finite_range.restype = ctypes.c_int
         return library
     return None
 

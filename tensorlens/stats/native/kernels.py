@@ -127,3 +127,102 @@ def edges(low: np.ndarray, high: np.ndarray, scale: np.ndarray, bins: int, dtype
         int(dtype == np.dtype(np.float64)), out.ctypes.data,
     )
     return out
+
+
+def finite_ranges(values: list[torch.Tensor], strides: list[int]) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(lo, hi)`` (float64 ``[G]``): the smallest and largest finite value of every
+    ``strides[g]``-th value of ``values[g]`` (tensors that :func:`supports`); ``+inf``/``-inf``
+    where none is finite. ``None`` without the kernel."""
+    library = build.library()
+    if library is None:
+        return None
+    g = len(values)
+    lo, hi = np.empty(g), np.empty(g)
+    numel = np.array([v.numel() for v in values], dtype=np.int64)
+    stride = np.array(strides, dtype=np.int64)
+    is_double = np.array([v.dtype == torch.float64 for v in values], dtype=np.int32)
+    library.tl_finite_range(
+        g, (ctypes.c_void_p * g)(*[v.data_ptr() for v in values]), numel.ctypes.data, stride.ctypes.data,
+        is_double.ctypes.data, lo.ctypes.data, hi.ctypes.data,
+    )
+    return lo, hi
+
+
+class MomentsBatch:
+    """:func:`moments` of the same tensors step after step (a plan of
+    :mod:`tensorlens.engine.step_plan`): the arrays of sizes, dtypes, columns and sample strides
+    are built once, so a step costs the call and one pointer per tensor. The histogram samples are
+    gathered into one buffer owned by the batch (valid until the next :meth:`run`).
+
+    >>> batch = MomentsBatch([4096], [False], [0], [7])                           # doctest: +SKIP
+    >>> rows = batch.run([torch.randn(4096).data_ptr()])                           # doctest: +SKIP
+    """
+
+    def __init__(self, numel: list[int], is_double: list[bool], wants_flags: list[int], strides: list[int]) -> None:
+        k = self.k = len(numel)
+        self._numel = (ctypes.c_int64 * k)(*numel)
+        self._is_double = (ctypes.c_int32 * k)(*[int(d) for d in is_double])
+        self._wants = (ctypes.c_int32 * k)(*wants_flags)
+        self._strides = (ctypes.c_int64 * k)(*[max(s, 1) for s in strides])
+        # sample g: -(-numel // stride) values at sample_offset[g] bytes into the shared buffer
+        lengths = [-(-n // s) if s > 0 else 0 for n, s in zip(numel, strides, strict=True)]
+        width = [8 if d else 4 for d in is_double]
+        offsets, at = [], 0
+        for length, w in zip(lengths, width, strict=True):
+            at = -(-at // 8) * 8  # aligned for float64
+            offsets.append(at)
+            at += length * w
+        self.sample_buffer = torch.empty(max(at, 8), dtype=torch.uint8)
+        base = self.sample_buffer.data_ptr()
+        self.sample_lengths = lengths
+        self.sample_pointers = [base + o if s > 0 else None for o, s in zip(offsets, strides, strict=True)]
+        self._samples = (ctypes.c_void_p * k)(*self.sample_pointers)
+        self._offsets = offsets
+        self.out = np.empty((k, len(COLUMNS)), dtype=np.float64)
+
+    def sample(self, g: int, dtype: torch.dtype) -> torch.Tensor:
+        """Tensor ``g``'s gathered sample, a view of the shared buffer (valid until the next run)."""
+        width = 8 if dtype == torch.float64 else 4
+        start = self._offsets[g]
+        return self.sample_buffer[start : start + self.sample_lengths[g] * width].view(dtype)
+
+    def run(self, pointers: list[int], threads: int | None = None) -> np.ndarray | None:
+        """The ``[k, len(COLUMNS)]`` rows of the tensors at ``pointers`` (the same sizes and dtypes
+        as at construction), in :attr:`out` (overwritten by the next run); ``None`` without the kernel."""
+        library = build.library()
+        if library is None:
+            return None
+        status = library.tl_moments(
+            self.k, (ctypes.c_void_p * self.k)(*pointers), self._numel, self._is_double, self._wants, self._strides,
+            self._samples, self.out.ctypes.data, max(1, int(threads or _thread_cap())),
+        )
+        return self.out if status == 0 else None
+
+
+class HistogramBatch:
+    """:func:`histograms` of the same samples step after step: pointers (into a
+    :class:`MomentsBatch` buffer, which does not move), lengths, strides and dtypes built once."""
+
+    def __init__(self, pointers: list[int], numel: list[int], strides: list[int], is_double: list[bool], bins: int, clip: bool) -> None:
+        g = self.g = len(numel)
+        self.bins, self.clip = bins, clip
+        self._pointers = (ctypes.c_void_p * g)(*pointers)
+        self._numel = np.array(numel, dtype=np.int64)
+        self._strides = np.array(strides, dtype=np.int64)
+        self._is_double = np.array([int(d) for d in is_double], dtype=np.int32)
+
+    def run(self, low: np.ndarray, high: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """``(counts [G, bins], below [G], above [G])``; ``None`` without the kernel."""
+        library = build.library()
+        if library is None:
+            return None
+        g, bins = self.g, self.bins
+        counts = np.empty((g, bins), dtype=np.int64)
+        below, above = np.empty(g, dtype=np.int64), np.empty(g, dtype=np.int64)
+        arrays = [np.ascontiguousarray(a, dtype=np.float64) for a in (low, high, scale)]
+        library.tl_histograms(
+            g, self._pointers, self._numel.ctypes.data, self._strides.ctypes.data, self._is_double.ctypes.data,
+            arrays[0].ctypes.data, arrays[1].ctypes.data, arrays[2].ctypes.data,
+            bins, int(self.clip), counts.ctypes.data, below.ctypes.data, above.ctypes.data,
+        )
+        return counts, below, above

@@ -105,8 +105,9 @@ static void merge(partial *into, const partial *p) {
     if (isnan(into->min) || isnan(into->max)) into->min = into->max = NAN;
 }
 
-/* The exact fallback for a block whose float sum is not finite (NaN, Inf, or an overflow of
- * float32): value by value in double, counting NaN and Inf. */
+/* The exact fallback for a block whose float sum overflows float32 although every value is finite
+ * (values near the largest float): value by value in double. Blocks holding NaN or Inf take the
+ * vectorised NONFINITE_BLOCK below instead. */
 #define DEFINE_EXACT_BLOCK(NAME, T)                                                          \
     static void NAME(const T *b, int64_t len, partial *p) {                                  \
         double exact = 0;                                                                    \
@@ -133,12 +134,78 @@ static void merge(partial *into, const partial *p) {
 DEFINE_EXACT_BLOCK(exact_block_f32, float)
 DEFINE_EXACT_BLOCK(exact_block_f64, double)
 
+/* A block holding NaN or Inf (its float sum is not finite), in the same vectors as a finite block:
+ * one read from L1 that counts NaN, Inf and zeros and takes min, max and sum |x| (NaN is ignored by
+ * the lane-wise min/max, which then become NaN for the whole block below, as numpy's do). The sum
+ * and second moment of such a block are not finite whatever the other values are (NaN with a NaN;
+ * +-Inf, or NaN for both signs, with an Inf), so they need no arithmetic. Returns 0 when the block
+ * holds neither (a float32 overflow of finite values), which the caller then sums exactly in
+ * double. A diverging run, where every tensor holds NaN, thereby costs what a finite one does
+ * instead of a scalar pass in double over every value. */
+#define DEFINE_NONFINITE_BLOCK(NAME, T, V, VI, W, SIGN_BIT, MIN, MAX, EXP_BITS)               \
+    static int NAME(const T *b, int64_t len, partial *p) {                                   \
+        const V zero = {0};                                                                  \
+        const VI magnitude = (VI){0} | ~(SIGN_BIT);                                          \
+        const VI inf_bits = (VI){0} | (EXP_BITS);                                            \
+        V a[ACC], lo[ACC], hi[ACC];                                                          \
+        VI nan[ACC], inf[ACC], z[ACC];                                                       \
+        for (int q = 0; q < ACC; q++) {                                                      \
+            a[q] = zero;                                                                     \
+            nan[q] = inf[q] = z[q] = (VI){0};                                                \
+            lo[q] = zero + (T)INFINITY;                                                      \
+            hi[q] = zero - (T)INFINITY;                                                      \
+        }                                                                                    \
+        int64_t full = len - len % (ACC * W);                                                \
+        for (int64_t j = 0; j < full; j += ACC * W)                                          \
+            for (int q = 0; q < ACC; q++) {                                                  \
+                V v;                                                                         \
+                __builtin_memcpy(&v, b + j + q * W, sizeof v);                               \
+                VI m = (VI)v & magnitude;                                                    \
+                nan[q] -= m > inf_bits; /* NaN: exponent all ones, mantissa not zero */      \
+                inf[q] -= m == inf_bits;                                                     \
+                z[q] -= v == zero;                                                           \
+                a[q] += (V)m;                                                                \
+                lo[q] = MIN(v, lo[q]); /* a NaN lane keeps the previous value */             \
+                hi[q] = MAX(v, hi[q]);                                                       \
+            }                                                                                \
+        double nans = 0, infs = 0, zeros = 0, l1 = 0, mn = INFINITY, mx = -INFINITY;         \
+        for (int q = 0; q < ACC; q++)                                                        \
+            for (int l = 0; l < W; l++) {                                                    \
+                nans += (double)nan[q][l];                                                   \
+                infs += (double)inf[q][l];                                                   \
+                zeros += (double)z[q][l];                                                    \
+                l1 += a[q][l];                                                               \
+                if (lo[q][l] < mn) mn = lo[q][l];                                            \
+                if (hi[q][l] > mx) mx = hi[q][l];                                            \
+            }                                                                                \
+        for (int64_t j = full; j < len; j++) {                                               \
+            T v = b[j];                                                                      \
+            nans += isnan(v) ? 1 : 0;                                                        \
+            infs += isinf(v) ? 1 : 0;                                                        \
+            zeros += v == 0 ? 1 : 0;                                                         \
+            l1 += fabs((double)v);                                                           \
+            if (v < mn) mn = v;                                                              \
+            if (v > mx) mx = v;                                                              \
+        }                                                                                    \
+        if (nans == 0 && infs == 0) return 0;                                                \
+        p->nans = nans;                                                                      \
+        p->infs = infs;                                                                      \
+        p->zeros = zeros;                                                                    \
+        p->l1 = nans > 0 ? NAN : l1;                                                         \
+        p->sum = nans > 0 || (mn == -INFINITY && mx == INFINITY) ? NAN : mx == INFINITY ? INFINITY : -INFINITY; \
+        p->mean = p->sum;                                                                    \
+        p->m2 = NAN; /* numpy: the variance of values holding NaN or Inf is NaN */           \
+        p->min = nans > 0 ? NAN : mn;                                                        \
+        p->max = nans > 0 ? NAN : mx;                                                        \
+        return 1;                                                                            \
+    }
+
 /* One chunk of a tensor, block by block (see the top of this file). V/VI are the value and the
  * same-width integer vector types, W the values per vector; a block is accumulated in ACC * W
  * lanes of T. WANTS is a compile-time constant in each instance, so a column the caller does not
  * need costs nothing. While a block is read from L1 the second time, the next one is prefetched,
  * so the memory read overlaps the arithmetic instead of alternating with it. */
-#define DEFINE_CHUNK(NAME, T, V, VI, W, SIGN_BIT, MIN, MAX, EXACT, WANTS)                    \
+#define DEFINE_CHUNK(NAME, T, V, VI, W, SIGN_BIT, MIN, MAX, EXACT, NONFINITE, WANTS)                    \
     static void NAME(const T *x, int64_t n, int64_t offset, int64_t stride, T *sample,      \
                      partial *out) {                                                         \
         partial acc = {0, 0, 0, 0, 0, 0, 0, 0, INFINITY, -INFINITY};                         \
@@ -166,7 +233,7 @@ DEFINE_EXACT_BLOCK(exact_block_f64, double)
             for (int64_t j = full; j < len; j++) block_sum += b[j];                          \
             partial p = {(double)len, 0, 0, 0, 0, 0, 0, 0, INFINITY, -INFINITY};             \
             if (!isfinite(block_sum)) {                                                      \
-                EXACT(b, len, &p);                                                           \
+                if (!NONFINITE(b, len, &p)) EXACT(b, len, &p);                               \
                 merge(&acc, &p);                                                             \
                 continue;                                                                    \
             }                                                                                \
@@ -237,14 +304,16 @@ DEFINE_EXACT_BLOCK(exact_block_f64, double)
 #define W64 (VBYTES / 8)
 #define SIGN32 ((int32_t)0x80000000)
 #define SIGN64 ((int64_t)0x8000000000000000)
-DEFINE_CHUNK(chunk_f32_0, float, vf32, vi32, W32, SIGN32, MIN_F32, MAX_F32, exact_block_f32, 0)
-DEFINE_CHUNK(chunk_f32_1, float, vf32, vi32, W32, SIGN32, MIN_F32, MAX_F32, exact_block_f32, 1)
-DEFINE_CHUNK(chunk_f32_2, float, vf32, vi32, W32, SIGN32, MIN_F32, MAX_F32, exact_block_f32, 2)
-DEFINE_CHUNK(chunk_f32_3, float, vf32, vi32, W32, SIGN32, MIN_F32, MAX_F32, exact_block_f32, 3)
-DEFINE_CHUNK(chunk_f64_0, double, vf64, vi64, W64, SIGN64, MIN_F64, MAX_F64, exact_block_f64, 0)
-DEFINE_CHUNK(chunk_f64_1, double, vf64, vi64, W64, SIGN64, MIN_F64, MAX_F64, exact_block_f64, 1)
-DEFINE_CHUNK(chunk_f64_2, double, vf64, vi64, W64, SIGN64, MIN_F64, MAX_F64, exact_block_f64, 2)
-DEFINE_CHUNK(chunk_f64_3, double, vf64, vi64, W64, SIGN64, MIN_F64, MAX_F64, exact_block_f64, 3)
+DEFINE_NONFINITE_BLOCK(nonfinite_block_f32, float, vf32, vi32, W32, SIGN32, MIN_F32, MAX_F32, (int32_t)0x7f800000)
+DEFINE_NONFINITE_BLOCK(nonfinite_block_f64, double, vf64, vi64, W64, SIGN64, MIN_F64, MAX_F64, (int64_t)0x7ff0000000000000)
+DEFINE_CHUNK(chunk_f32_0, float, vf32, vi32, W32, SIGN32, MIN_F32, MAX_F32, exact_block_f32, nonfinite_block_f32, 0)
+DEFINE_CHUNK(chunk_f32_1, float, vf32, vi32, W32, SIGN32, MIN_F32, MAX_F32, exact_block_f32, nonfinite_block_f32, 1)
+DEFINE_CHUNK(chunk_f32_2, float, vf32, vi32, W32, SIGN32, MIN_F32, MAX_F32, exact_block_f32, nonfinite_block_f32, 2)
+DEFINE_CHUNK(chunk_f32_3, float, vf32, vi32, W32, SIGN32, MIN_F32, MAX_F32, exact_block_f32, nonfinite_block_f32, 3)
+DEFINE_CHUNK(chunk_f64_0, double, vf64, vi64, W64, SIGN64, MIN_F64, MAX_F64, exact_block_f64, nonfinite_block_f64, 0)
+DEFINE_CHUNK(chunk_f64_1, double, vf64, vi64, W64, SIGN64, MIN_F64, MAX_F64, exact_block_f64, nonfinite_block_f64, 1)
+DEFINE_CHUNK(chunk_f64_2, double, vf64, vi64, W64, SIGN64, MIN_F64, MAX_F64, exact_block_f64, nonfinite_block_f64, 2)
+DEFINE_CHUNK(chunk_f64_3, double, vf64, vi64, W64, SIGN64, MIN_F64, MAX_F64, exact_block_f64, nonfinite_block_f64, 3)
 
 typedef void (*chunk_fn)(const void *, int64_t, int64_t, int64_t, void *, partial *);
 /* [is_double][wants] */
@@ -346,10 +415,10 @@ int tl_moments(int64_t k, const void *const *data, const int64_t *numel, const i
     for (int h = 0; h < started; h++) pthread_join(helpers[h], NULL);
 #endif
 
-    for (int64_t t = 0; t < k; t++) {
+    /* a tensor's chunks are consecutive items, merged in order (the same bits for any threads) */
+    for (int64_t t = 0, j = 0; t < k; t++) {
         partial acc = {0, 0, 0, 0, 0, 0, 0, 0, NAN, NAN};
-        for (int64_t j = 0; j < n_items; j++)
-            if (item_tensor[j] == t) merge(&acc, &items[j]);
+        for (; j < n_items && item_tensor[j] == t; j++) merge(&acc, &items[j]);
         double *row = out + t * OUT_WIDTH;
         row[OUT_COUNT] = acc.count;
         row[OUT_SUM] = acc.sum;
@@ -485,6 +554,36 @@ int tl_edges(int64_t g, const double *lo, const double *hi, const double *scale,
             edges_f64(lo[i], hi[i], scale[i], bins, out + i * (bins + 1));
         else
             edges_f32((float)lo[i], (float)hi[i], (float)scale[i], bins, out + i * (bins + 1));
+    }
+    return 0;
+}
+
+/* The finite range of every stride[i]-th value of tensor i: lo[i] = the smallest finite value,
+ * hi[i] = the largest (+inf and -inf when none is finite). A histogram of a tensor holding NaN or
+ * Inf spans its sample's finite values (the histogram's own range, as on the PyTorch path). */
+#define DEFINE_FINITE_RANGE(NAME, T)                                                         \
+    static void NAME(const T *x, int64_t n, int64_t stride, double *lo, double *hi) {        \
+        T mn = (T)INFINITY, mx = -(T)INFINITY;                                               \
+        for (int64_t i = 0; i < n; i += stride) {                                            \
+            T v = x[i];                                                                      \
+            if (!isfinite(v)) continue;                                                      \
+            if (v < mn) mn = v;                                                              \
+            if (v > mx) mx = v;                                                              \
+        }                                                                                    \
+        *lo = mn;                                                                            \
+        *hi = mx;                                                                            \
+    }
+
+DEFINE_FINITE_RANGE(finite_range_f32, float)
+DEFINE_FINITE_RANGE(finite_range_f64, double)
+
+int tl_finite_range(int64_t g, const void *const *data, const int64_t *numel, const int64_t *stride,
+                    const int32_t *is_double, double *lo, double *hi) {
+    for (int64_t i = 0; i < g; i++) {
+        if (is_double[i])
+            finite_range_f64((const double *)data[i], numel[i], stride[i], &lo[i], &hi[i]);
+        else
+            finite_range_f32((const float *)data[i], numel[i], stride[i], &lo[i], &hi[i]);
     }
     return 0;
 }

@@ -1,0 +1,244 @@
+"""The layout of a step's statistics, built once and reused while the jobs keep their shape.
+
+A model's saved steps nearly always summarise the same tensors with the same configs: the same
+names, sizes, dtypes and devices. Everything that depends only on those is derived once into a
+:class:`StepPlan`: what the host keeps of each job, which jobs the compiled kernel reduces (with
+its argument arrays), how the others are grouped for PyTorch ops (with their index tensors on the
+device), the histogram groups, their sample buffers and layouts, and where each result lands. A
+step then costs a pointer or a view per tensor and a fixed number of calls per group.
+
+The plan is keyed by a signature of the jobs (names, configs, and each piece's kind, shape, dtype
+and device), compared at every step: a changed tensor, a new one, another config or another
+device gives a new plan (``tests/test_step_plan.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+
+from tensorlens.engine.assemble import _JobMeta
+from tensorlens.engine.jobs import ReducedPiece, TensorJob
+from tensorlens.stats import native
+from tensorlens.stats.histogram import HistogramLayout, sample_stride
+from tensorlens.stats.moments import NATIVE_COLUMNS, PARTIALS, needed_columns
+from tensorlens.stats.torch_rows import SMALL_TENSOR, TorchRows, to_device
+
+_FLOATS = (torch.float32, torch.float64)
+
+#: How a job's values are had at each step.
+VIEW = "view"  # one plain contiguous float32/float64 strided tensor: used as it is
+VALUES = "values"  # anything else dense: converted (dtype, several pieces, complex, quantized, ...)
+REDUCED = "reduced"  # already reduced where it was captured, or sparse: a partial row and a sample
+
+
+def plain_piece(job: TensorJob) -> bool:
+    """Whether ``job`` is one plain contiguous float32/float64 strided tensor (used as it is)."""
+    if len(job.pieces) != 1 or job.raw is not None:
+        return False
+    p = job.pieces[0]
+    return (
+        type(p) is not ReducedPiece and p.layout == torch.strided and p.dtype in _FLOATS and not p.is_nested
+        and p.device.type != "meta" and p.is_contiguous() and not p.is_conj() and not p.is_neg()
+    )
+
+
+def signature(jobs: list[TensorJob], plain: list[bool] | None = None) -> list[tuple[Any, ...]]:
+    """What a plan depends on, per job. Cheap: a few attribute reads per tensor (no tensor op).
+    ``plain[i]``: :func:`plain_piece` of job ``i``, where the caller knows it already."""
+    out = []
+    for k, job in enumerate(jobs):
+        pieces = job.pieces
+        head = (job.name, job.stats, job.histogram, job.plain_scalar, job.save_raw, job.save_shape, job.partitioned)
+        if plain[k] if plain is not None else plain_piece(job):
+            p = pieces[0]
+            out.append((*head, VIEW, p.shape, p.dtype, p.device))
+            continue
+        described = []
+        for piece in pieces:
+            if isinstance(piece, ReducedPiece):
+                described.append((
+                    REDUCED, piece.shape, piece.dtype, piece.device, piece.native_row is None,
+                    piece.sample.numel(), piece.sample.dtype, piece.sample.device,
+                ))
+            else:
+                described.append((type(piece), piece.layout, piece.shape if not piece.is_nested else None, piece.dtype,
+                                  piece.device, piece.is_contiguous() if piece.layout == torch.strided else None))
+        out.append((*head, job.raw is not None, *described))
+    return out
+
+
+@dataclasses.dataclass
+class HistogramGroup:
+    """Histograms binned together: one bin count, one binned dtype, one fixed range (or none)."""
+
+    bins: int
+    dtype: torch.dtype
+    fixed: tuple[float, float] | None
+    members: list[int]  # job indices
+    sample_lengths: list[int]
+    sampled: list[bool]  # the sample is not the whole tensor
+    native: bool  # binned by the compiled kernel from host samples
+    reject: bool  # some member rejects outliers (PyTorch ops, one tensor at a time)
+    at: torch.Tensor | None = None  # members, on the plan's device
+    layout: HistogramLayout | None = None  # for PyTorch binning
+    batch: native.HistogramBatch | None = None  # for native binning, when every sample's pointer is static
+    partitioned: torch.Tensor | None = None  # [G] bool, for merging counts across ranks
+
+
+class StepPlan:
+    """The static part of one step's statistics (see the module docstring)."""
+
+    def __init__(
+        self, jobs: list[TensorJob], sig: list[tuple[Any, ...]], sync_free: bool, converted: dict[int, torch.Tensor]
+    ) -> None:
+        """``converted``: this step's values of the jobs that are neither a plain tensor nor reduced
+        (their size and dtype are known only once converted; the same signature gives the same)."""
+        self.signature = sig
+        self.n = len(jobs)
+        self.native_on = native.available() and not sync_free  # sync_free: the GPU's code, also on a CPU
+        self.kinds = [
+            VIEW if s[7] == VIEW else REDUCED if any(isinstance(p, ReducedPiece) for p in j.pieces) else VALUES
+            for s, j in zip(sig, jobs, strict=True)
+        ]
+        self.metas = [_meta(job) for job in jobs]
+        devices = [_device_of(job) for job in jobs]
+        accelerators = [d for d in devices if d.type != "cpu"]
+        self.device = accelerators[0] if accelerators else torch.device("cpu")
+        # on a CPU the host reads results for free; elsewhere the plan must never wait for the device
+        self.sync_free = sync_free or self.device.type != "cpu"
+        self.partitioned_list = [job.partitioned for job in jobs]
+        self.partitioned = to_device(self.partitioned_list, torch.bool, self.device) if jobs else None
+        self.columns = [needed_columns(job.stats) for job in jobs]
+        self.dense = [i for i, kind in enumerate(self.kinds) if kind != REDUCED]
+        self.reduced = [i for i, kind in enumerate(self.kinds) if kind == REDUCED]
+        dense_dtypes = {i: converted[i].dtype if i in converted else jobs[i].pieces[0].dtype for i in self.dense}
+        dense_numel = {i: converted[i].numel() if i in converted else self.metas[i].numel for i in self.dense}
+        self.value_dtypes = dense_dtypes
+
+        # the compiled kernel: dense CPU float tensors whose columns it computes
+        self.native = [
+            i for i in self.dense
+            if self.native_on and self.device.type == "cpu" and dense_dtypes[i] in _FLOATS and self.columns[i] <= NATIVE_COLUMNS
+        ]
+        native_set = set(self.native)
+        self.strides = {
+            i: sample_stride(dense_numel[i], self.metas[i].histogram.sample, self.metas[i].period)
+            for i in self.native
+            if self.metas[i].histogram is not None and self.metas[i].histogram.reject_outliers <= 0.0
+        }
+        self.moments: native.MomentsBatch | None = None
+        if self.native:
+            self.moments = native.MomentsBatch(
+                [dense_numel[i] for i in self.native], [dense_dtypes[i] == torch.float64 for i in self.native],
+                [native.wants(self.columns[i]) for i in self.native], [self.strides.get(i, 0) for i in self.native],
+            )
+            self.native_at = np.array(self.native, dtype=np.intp)
+            self.native_mask = np.stack([_column_mask(self.columns[i]) for i in self.native])
+        self.native_slot = {i: k for k, i in enumerate(self.native)}
+
+        # PyTorch ops: the other dense jobs
+        self.torch = [i for i in self.dense if i not in native_set]
+        self.torch_rows: TorchRows | None = None
+        self.small_torch: set[int] = set()
+        if self.torch:
+            self.torch_rows = TorchRows(
+                [dense_numel[i] for i in self.torch], [dense_dtypes[i] for i in self.torch],
+                [self.columns[i] for i in self.torch], self.device, counts=self.sync_free,
+            )
+            self.torch_at = to_device(self.torch, torch.int64, self.device)
+        # plain small tensors go to the PyTorch path as they are, flattened together there
+        self.small_torch = {i for i in self.torch if self.kinds[i] == VIEW and dense_numel[i] <= SMALL_TENSOR}
+        if self.reduced:
+            self.reduced_at = to_device(self.reduced, torch.int64, self.device)
+        self.all_torch = len(self.torch) == self.n
+
+        self.groups = self._histogram_groups(jobs, dense_dtypes, dense_numel, native_set)
+
+    def matches(self, sig: list[tuple[Any, ...]], sync_free: bool) -> bool:
+        return (sync_free or self.device.type != "cpu") == self.sync_free \
+            and self.native_on == (native.available() and not sync_free) and sig == self.signature
+
+    def _histogram_groups(
+        self, jobs: list[TensorJob], dtypes: dict[int, torch.dtype], numel: dict[int, int], native_set: set[int]
+    ) -> list[HistogramGroup]:
+        keyed: dict[tuple[Any, ...], list[int]] = {}
+        for i, meta in enumerate(self.metas):
+            if meta.histogram is None:
+                continue
+            dtype = dtypes[i] if i in dtypes else _reduced_sample_dtype(jobs[i])
+            keyed.setdefault((meta.histogram.bins, dtype, meta.histogram.range), []).append(i)
+        groups = []
+        for (bins, dtype, fixed), members in keyed.items():
+            lengths = []
+            for i in members:
+                if i in numel:
+                    stride = sample_stride(numel[i], self.metas[i].histogram.sample, self.metas[i].period)
+                    lengths.append(-(-numel[i] // stride) if numel[i] else 0)
+                else:
+                    lengths.append(_reduced_sample_length(jobs[i], self.metas[i].histogram.sample))
+            reject = any(self.metas[i].histogram.reject_outliers > 0.0 for i in members)
+            # the kernel bins host samples: the gathered ones of kernel-reduced jobs, and reduced
+            # jobs' own CPU samples
+            host = all((i in native_set and i in self.strides) or (i not in numel and self.device.type == "cpu")
+                       for i in members)
+            group = HistogramGroup(
+                bins, dtype, fixed, members, lengths, [n < self.metas[i].numel for n, i in zip(lengths, members, strict=True)],
+                native=self.native_on and host and not reject and dtype in _FLOATS, reject=reject,
+            )
+            group.at = to_device(members, torch.int64, self.device)
+            group.partitioned = to_device([self.partitioned_list[i] for i in members], torch.bool, self.device)
+            if group.native:
+                if all(i in native_set for i in members) and self.moments is not None:
+                    slots = [self.native_slot[i] for i in members]
+                    group.batch = native.HistogramBatch(
+                        [self.moments.sample_pointers[k] for k in slots], lengths, [1] * len(members),
+                        [dtype == torch.float64] * len(members), bins, fixed is not None,
+                    )
+            else:
+                group.layout = HistogramLayout(lengths, bins, self.device)
+            groups.append(group)
+        return groups
+
+
+def _column_mask(columns: frozenset[str]) -> np.ndarray:
+    return np.array([name in columns for name in PARTIALS])
+
+
+def _meta(job: TensorJob) -> _JobMeta:
+    pieces = job.pieces
+    return _JobMeta(
+        job.name,
+        job.stats,
+        job.histogram if job.histogram is not None and job.histogram.enabled and not job.plain_scalar else None,
+        job.plain_scalar,
+        _shape_of(job) if job.save_shape else None,
+        int(pieces[0].shape[-1]) if pieces and pieces[0].dim() > 0 else 1,
+        sum(p.numel() for p in pieces),
+    )
+
+
+def _shape_of(job: TensorJob) -> tuple[int, ...]:
+    if len(job.pieces) == 1:
+        return tuple(job.pieces[0].shape)
+    return (sum(p.numel() for p in job.pieces),)
+
+
+def _device_of(job: TensorJob) -> torch.device:
+    return job.pieces[0].device if job.pieces else torch.device("cpu")
+
+
+def _reduced_sample_dtype(job: TensorJob) -> torch.dtype:
+    return job.pieces[0].sample.dtype  # every piece of a reduced job is a ReducedPiece
+
+
+def _reduced_sample_length(job: TensorJob, sample: int | None) -> int:
+    """The histogram sample of a reduced job: its pieces' samples, strided down to ``sample``."""
+    total = sum(p.sample.numel() for p in job.pieces)
+    if len(job.pieces) == 1:
+        return total
+    stride = sample_stride(total, sample)
+    return -(-total // stride) if total else 0
