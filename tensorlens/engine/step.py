@@ -519,8 +519,15 @@ class _HostHistograms(Mapping[int, _HostHistogram]):
     def __init__(self, groups: list[tuple[_DeviceHistograms, np.ndarray, np.ndarray]]) -> None:
         self._groups = groups
         self._where = {i: (k, g) for k, (h, _, _) in enumerate(groups) for g, i in enumerate(h.index)}
+        self._made: dict[int, _HostHistogram] = {}
 
     def __getitem__(self, i: int) -> _HostHistogram:
+        made = self._made.get(i)
+        if made is None:
+            made = self._made[i] = self._make(i)
+        return made
+
+    def _make(self, i: int) -> _HostHistogram:
         k, g = self._where[i]
         h, counts, extra = self._groups[k]
         low, high, scale, data_low, data_high, binned, rejected, underflow, overflow = extra[g].tolist()
