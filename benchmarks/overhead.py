@@ -85,6 +85,7 @@ class ModelSpec:
     make_batch: Callable[[torch.Generator], tuple[torch.Tensor, torch.Tensor]]
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     default_steps: int  # measured steps per variant in a full run
+    default_block: int | None = None  # steps per variant per round, where --block is not given
 
 
 def _mlp() -> nn.Module:
@@ -152,6 +153,88 @@ MODELS: dict[str, ModelSpec] = {
     )
 }  # fmt: skip
 
+
+# Models of issue 17: a real architecture, the cost per tensor, and a run gone NaN.
+
+GPT2_VOCAB = 50257
+
+
+class _GPT2Logits(nn.Module):
+    """Hugging Face GPT-2 124M built from its config (no download), returning its logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        try:
+            from transformers import GPT2Config, GPT2LMHeadModel
+        except ImportError as err:  # an optional benchmark dependency
+            raise SystemExit("the gpt2 model needs transformers: pip install 'tensorlens[bench]'") from err
+        self.model = GPT2LMHeadModel(GPT2Config())
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=tokens).logits
+
+
+def _gpt2_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits.reshape(-1, GPT2_VOCAB), targets.reshape(-1))
+
+
+#: The tensor-count sweep: the same values as 10, 100 or 1000 parameters (and as many gradients).
+SWEEP_VALUES = 20_000_000
+
+
+class _ParameterBank(nn.Module):
+    """``count`` parameters holding :data:`SWEEP_VALUES` values together; the forward pass reads
+    each once, so the step is Adam's update and tensorlens's cost per tensor is visible."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        rows = SWEEP_VALUES // count // 1000
+        self.weights = nn.ParameterList([nn.Parameter(torch.randn(rows, 1000) * 0.02) for _ in range(count)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([w.sum() for w in self.weights]) * x
+
+
+def _layers640(nan: bool) -> Callable[[], nn.Module]:
+    """Ten Linear 640 layers; with ``nan`` one NaN in each weight: after the first step every
+    weight and gradient is NaN (a diverged run), the case whose statistics must not cost more."""
+
+    def build() -> nn.Module:
+        model = nn.Sequential(*[m for _ in range(10) for m in (nn.Linear(640, 640), nn.ReLU())])
+        if nan:
+            with torch.no_grad():
+                for module in model:
+                    if isinstance(module, nn.Linear):
+                        module.weight[0, 0] = math.nan
+        return model
+
+    return build
+
+
+def _scalar_loss(output: torch.Tensor, _target: torch.Tensor) -> torch.Tensor:
+    return output.sum()
+
+
+for _spec in (
+    ModelSpec(
+        "gpt2", "Hugging Face GPT-2 124M from config, batch 2x128", _GPT2Logits,
+        lambda g: (torch.randint(0, GPT2_VOCAB, (2, 128), generator=g), torch.randint(0, GPT2_VOCAB, (2, 128), generator=g)),
+        _gpt2_loss, 24, 2,
+    ),
+    *(
+        ModelSpec(
+            f"sweep{count}", f"{SWEEP_VALUES // 1_000_000}M values as {count} parameters", lambda count=count: _ParameterBank(count),
+            lambda g: (torch.randn(1, generator=g), torch.zeros(1)), _scalar_loss, 60, 5,
+        )
+        for count in (10, 100, 1000)
+    ),
+    ModelSpec("layers640", "10 x Linear 640, batch 64", _layers640(False),
+              lambda g: (torch.randn(64, 640, generator=g), _classes(64)(g)), nn.functional.cross_entropy, 200),
+    ModelSpec("layers640_nan", "10 x Linear 640, batch 64, every tensor NaN", _layers640(True),
+              lambda g: (torch.randn(64, 640, generator=g), _classes(64)(g)), nn.functional.cross_entropy, 200),
+):
+    MODELS[_spec.name] = _spec
+
 # --------------------------------------------------------------------------------------------
 # Variants
 
@@ -164,6 +247,12 @@ class VariantSpec:
     label: str
     kind: str  # "baseline", "tensorlens" or "wandb"
     save_interval: int | None  # None: records nothing
+    path: str | None = None  # tensorlens: "native" (compiled CPU kernel) or "torch" (PyTorch ops, as on a GPU)
+    base: str = ""  # the variant this one runs on another path (its name then ends in "[torch]")
+
+    @property
+    def base_name(self) -> str:
+        return self.base or self.name
 
 
 VARIANTS: dict[str, VariantSpec] = {
@@ -186,6 +275,50 @@ VARIANTS: dict[str, VariantSpec] = {
 }
 #: What a run measures unless ``--variants`` says otherwise.
 DEFAULT_VARIANTS = tuple(name for name in VARIANTS if name != "tl_full_exact_every_step")
+
+# --------------------------------------------------------------------------------------------
+# Paths: the compiled CPU kernel, or PyTorch ops only (what runs on a GPU, and on a CPU without a
+# C compiler). Both run in one process, interleaved: a tensorlens variant runs once per path.
+
+PATHS = ("native", "torch")
+
+
+def default_paths() -> list[str]:
+    from tensorlens.stats import native
+
+    return list(PATHS) if native.available() else ["torch"]
+
+
+def with_paths(variants: Sequence[VariantSpec], paths: Sequence[str]) -> list[VariantSpec]:
+    """Each tensorlens variant once per path: ``name`` on the kernel, ``name[torch]`` on PyTorch ops."""
+    out = []
+    for v in variants:
+        if v.kind != "tensorlens":
+            out.append(v)
+            continue
+        for path in paths:
+            name = v.name if path == "native" else f"{v.name}[{path}]"
+            out.append(dataclasses.replace(v, name=name, path=path, base=v.name))
+    return out
+
+
+def variant_named(name: str) -> VariantSpec:
+    """A variant by its name, with a path suffix (``tl_full_every_step[torch]``) or without."""
+    if name.endswith("]") and "[" in name:
+        base, path = name[:-1].split("[", 1)
+        return dataclasses.replace(VARIANTS[base], name=name, path=path, base=base)
+    return dataclasses.replace(VARIANTS[name], path="native") if VARIANTS[name].kind == "tensorlens" else VARIANTS[name]
+
+
+def select_path(path: str | None) -> None:
+    """Switch tensorlens to ``path`` for the steps that follow (``TENSORLENS_NATIVE`` is read at
+    every use: no reload). Each variant keeps its own plans, so switching costs its steps nothing."""
+    if path is None:
+        return
+    if path == "torch":
+        os.environ["TENSORLENS_NATIVE"] = "0"
+    else:
+        os.environ.pop("TENSORLENS_NATIVE", None)
 
 
 class Instrument:
@@ -210,10 +343,10 @@ class Instrument:
 class TensorlensInstrument(Instrument):
     def __init__(self, spec: VariantSpec, model: nn.Module, out_dir: str) -> None:
         super().__init__(spec)
-        if spec.name == "tl_default":
+        if spec.base_name == "tl_default":
             # the one-line default; backends given so an active wandb run is not picked up by "auto"
             self.hook = tl.watch(model, backends=["local"], out_dir=out_dir)
-        elif spec.name == "tl_watch_all_every_step":
+        elif spec.base_name == "tl_watch_all_every_step":
             self.hook = tl.watch(model, log="all", log_freq=1, backends=["local"], out_dir=out_dir)
         else:
             # bins=64 with the version's default sampling, or every value for the "exact" variant
@@ -297,6 +430,7 @@ class Trainer:
         self.loss_fn = model_spec.loss
         self.batches = batches
         self.steps = 0
+        self.activate()
         if variant.kind == "tensorlens":
             self.instrument: Instrument = TensorlensInstrument(
                 variant, self.model, os.path.join(work_dir, f"{model_spec.name}-{variant.name}")
@@ -305,6 +439,10 @@ class Trainer:
             self.instrument = WandbInstrument(variant, self.model)
         else:
             self.instrument = Instrument(variant)
+
+    def activate(self) -> None:
+        """Select this variant's path before its steps (outside the timed ones)."""
+        select_path(self.variant.path)
 
     def step(self) -> None:
         x, y = self.batches[self.steps % len(self.batches)]
@@ -398,6 +536,7 @@ def count_sync_points() -> Iterator[Counter[str]]:
 def _sync_pass(trainer: Trainer, steps: int) -> tuple[list[int], list[bool]]:
     """Sync points of each of ``steps`` steps (with their flush), and whether each was saved."""
     per_step, saved = [], []
+    trainer.activate()
     for _ in range(steps):
         saved.append(trainer.instrument.saves(trainer.steps))
         with count_sync_points() as counts:
@@ -413,6 +552,7 @@ def _hook_time_unsaved(trainer: Trainer, calls: int = 2000) -> float:
     step-time ratio of an unsaved step is below the noise floor."""
     hook = trainer.instrument.hook
     assert hook is not None
+    trainer.activate()
     model, optimizer, steps = trainer.model, trainer.optimizer, hook.global_step
     started = time.perf_counter()
     for _ in range(calls):
@@ -443,7 +583,7 @@ def _rss_kb(field: str) -> int | None:
 def memory_child(model_name: str, variant_name: str, steps: int, threads: int) -> dict[str, Any]:
     """Runs inside the subprocess: peak RSS while training ``steps`` steps of one variant."""
     torch.set_num_threads(threads)
-    spec, variant = MODELS[model_name], VARIANTS[variant_name]
+    spec, variant = MODELS[model_name], variant_named(variant_name)
     work_dir = tempfile.mkdtemp(prefix="tl-bench-mem-")
     try:
         with contextlib.ExitStack() as stack:
@@ -499,7 +639,8 @@ class BenchConfig:
     models: Sequence[str] = ("mlp", "transformer", "convnet")
     variants: Sequence[str] = DEFAULT_VARIANTS
     steps: int | None = None  # measured steps per variant; None: each model's default
-    block: int = 10
+    block: int | None = None  # None: each model's default (10 for most)
+    paths: Sequence[str] = ()  # "native", "torch"; empty: both where the kernel is built, else "torch"
     warmup: int = 10
     threads: int = 2
     memory: bool = True
@@ -527,7 +668,7 @@ def _percentile(values: Sequence[float], q: float) -> float:
 
 def measure_model(spec: ModelSpec, variants: Sequence[VariantSpec], config: BenchConfig, work_dir: str) -> list[dict[str, Any]]:
     steps = config.steps or spec.default_steps
-    block = max(1, min(config.block, steps))
+    block = max(1, min(config.block or spec.default_block or 10, steps))
     rounds = max(1, math.ceil(steps / block))
     batches = _make_batches(spec)
     template = _template(spec)
@@ -553,6 +694,7 @@ def measure_model(spec: ModelSpec, variants: Sequence[VariantSpec], config: Benc
         shift = r % len(trainers)
         for trainer in trainers[shift:] + trainers[:shift]:
             name = trainer.variant.name
+            trainer.activate()
             cpu_before = _descendants_cpu_seconds() if has_background else None
             block_total = 0.0
             for _ in range(block):
@@ -591,6 +733,7 @@ def measure_model(spec: ModelSpec, variants: Sequence[VariantSpec], config: Benc
         row: dict[str, Any] = {
             "model": spec.name,
             "variant": v.name,
+            "path": v.path,
             "label": v.label,
             "kind": v.kind,
             "save_interval": v.save_interval,
@@ -615,7 +758,7 @@ def measure_model(spec: ModelSpec, variants: Sequence[VariantSpec], config: Benc
         unsaved_syncs = [c - base_sync_per_step for c, s in zip(per_step_syncs, sync_saved, strict=True) if not s]
         row["sync_points_per_saved_step"] = statistics.mean(saved_syncs) if saved_syncs else None
         row["sync_points_per_unsaved_step"] = statistics.mean(unsaved_syncs) if unsaved_syncs else None
-        if v.name == "tl_unsaved":
+        if v.base_name == "tl_unsaved":
             row["hook_us_per_unsaved_step"] = _hook_time_unsaved(trainer)
         hook = trainer.instrument.hook
         if hook is not None:
@@ -646,11 +789,12 @@ def measure_model(spec: ModelSpec, variants: Sequence[VariantSpec], config: Benc
             row["round_ratio_p25"] = _percentile(per_round, 0.25)
             row["round_ratio_p75"] = _percentile(per_round, 0.75)
 
-    if config.profile and any(v.name == "tl_full_every_step" for v in variants):
-        profile = profile_model(spec, trainers, config)
-        for row in results:
-            if row["variant"] == "tl_full_every_step":
-                row["profile"] = profile
+    if config.profile:
+        for full in [t for t in trainers if t.variant.base_name == "tl_full_every_step"]:
+            profile = profile_model(spec, trainers, config, full)
+            for row in results:
+                if row["variant"] == full.variant.name:
+                    row["profile"] = profile
 
     for trainer in trainers:
         trainer.instrument.close()
@@ -675,15 +819,16 @@ def _op_times(trainer: Trainer, steps: int) -> dict[str, tuple[float, int]]:
     return out
 
 
-def profile_model(spec: ModelSpec, trainers: Sequence[Trainer], config: BenchConfig) -> dict[str, Any]:
+def profile_model(spec: ModelSpec, trainers: Sequence[Trainer], config: BenchConfig, full: Trainer) -> dict[str, Any]:
     """Op-level (torch.profiler, minus the baseline) and function-level (cProfile) breakdowns."""
     by_name = {t.variant.name: t for t in trainers}
-    full, base = by_name["tl_full_every_step"], by_name.get("baseline")
+    base = by_name.get("baseline")
     steps = config.profile_steps
-    _log(config, f"[{spec.name}] profiling tl_full_every_step ({steps} steps)")
+    _log(config, f"[{spec.name}] profiling {full.variant.name} ({steps} steps)")
 
     # Wall time first, without any profiler
     def wall(trainer: Trainer) -> float:
+        trainer.activate()
         t0 = time.perf_counter()
         for _ in range(steps):
             trainer.step()
@@ -693,6 +838,7 @@ def profile_model(spec: ModelSpec, trainers: Sequence[Trainer], config: BenchCon
     wall_full = wall(full)
     wall_base = wall(base) if base is not None else None
 
+    full.activate()
     ops_full = _op_times(full, steps)
     ops_base = _op_times(base, steps) if base is not None else {}
     extra = []
@@ -704,6 +850,7 @@ def profile_model(spec: ModelSpec, trainers: Sequence[Trainer], config: BenchCon
     extra_total = sum(e["extra_ms_per_step"] for e in extra)
 
     # Function level: cProfile over the same number of steps, tensorlens frames only
+    full.activate()
     profiler = cProfile.Profile()
     profiler.enable()
     t0 = time.perf_counter()
@@ -801,6 +948,70 @@ def evaluate_targets(results: Sequence[dict[str, Any]], memory: dict[tuple[str, 
 
 
 # --------------------------------------------------------------------------------------------
+# Targets of issue 17: both paths, GPT-2, NaN steps, cost per tensor
+
+PATH_TARGETS = {  # (model, variant) -> limit on the step-time ratio, per path
+    ("mlp", "tl_full_every_step"): {"native": 1.35, "torch": 1.6},
+    ("transformer", "tl_full_every_step"): {"native": 1.05, "torch": 1.10},
+    ("gpt2", "tl_full_every_step"): {"native": 1.10, "torch": 1.10},
+}
+#: a step whose tensors hold NaN costs at most this much tensorlens time per step of the same finite step
+NAN_LIMIT = 1.2
+
+
+def _overhead_ms(rows: dict[tuple[str, str], dict[str, Any]], model: str, variant: str) -> float | None:
+    row, base = rows.get((model, variant)), rows.get((model, "baseline"))
+    return row["mean_ms"] - base["mean_ms"] if row and base else None
+
+
+def evaluate_path_targets(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The step-time targets per path, the NaN step against the finite one, and the cost per
+    tensor from the sweep (the same values as 10 and as 1000 parameters)."""
+    rows = {(r["model"], r["variant"]): r for r in results}
+    out: list[dict[str, Any]] = []
+    paths = sorted({r["path"] for r in results if r.get("path")})
+    for (model, base_variant), limits in PATH_TARGETS.items():
+        for path in paths:
+            name = base_variant if path == "native" else f"{base_variant}[{path}]"
+            row = rows.get((model, name))
+            if row and "ratio_mean" in row:
+                limit = limits[path]
+                out.append({"target": f"{model} {base_variant}", "path": path, "limit": f"<= {limit}x",
+                            "measured": row["ratio_mean"], "ok": row["ratio_mean"] <= limit,
+                            "note": f"median {row['ratio_median']:.3f}x, round IQR {row['round_ratio_p25']:.2f}-{row['round_ratio_p75']:.2f}"})
+    variants = sorted({r["variant"] for r in results if r["model"] == "layers640_nan" and r.get("path")})
+    for name in variants:
+        nan, finite = _overhead_ms(rows, "layers640_nan", name), _overhead_ms(rows, "layers640", name)
+        if nan is not None and finite:
+            ratio = nan / finite
+            out.append({"target": "NaN step / finite step (tensorlens time)", "path": rows[("layers640_nan", name)]["path"],
+                        "limit": f"<= {NAN_LIMIT}x", "measured": ratio, "ok": ratio <= NAN_LIMIT,
+                        "note": f"{name}: +{nan:.2f} ms with NaN vs +{finite:.2f} ms finite"})
+    variants = sorted({r["variant"] for r in results if r["model"] == "sweep1000" and r.get("path")})
+    for name in variants:
+        few, many = _overhead_ms(rows, "sweep10", name), _overhead_ms(rows, "sweep1000", name)
+        if few is not None and many is not None:
+            per_tensor = (many - few) / (2 * (1000 - 10)) * 1e3  # weights and gradients
+            out.append({"target": "cost per tensor (sweep 1000 - sweep 10)", "path": rows[("sweep1000", name)]["path"],
+                        "limit": "report", "measured": per_tensor, "ok": None,
+                        "note": f"{name}: us per watched tensor, training thread and background together "
+                                f"(+{few:.1f} ms at 20 tensors, +{many:.1f} ms at 2000)"})
+    return out
+
+
+def format_path_targets(targets: Sequence[dict[str, Any]]) -> list[str]:
+    if not targets:
+        return []
+    lines = ["", "Targets (issue 17) per path"]
+    for t in targets:
+        verdict = "report" if t["ok"] is None else "ok" if t["ok"] else "MISS"
+        unit = " us" if t["limit"] == "report" else "x"
+        lines.append(f"  {t['target']:<42} {t['path']:<7} {_fmt(t['measured'], '.3f', unit):>10}  target {t['limit']:<8} "
+                     f"{verdict:<6} ({t['note']})")
+    return lines
+
+
+# --------------------------------------------------------------------------------------------
 # Entry points
 
 
@@ -821,7 +1032,10 @@ def run_benchmark(config: BenchConfig, progress: Callable[[dict[str, Any]], None
     if any(VARIANTS[n].kind == "wandb" for n in names) and not wandb_available():
         skipped.append("wandb variants skipped: wandb is not installed (pip install 'tensorlens[wandb]')")
         names = [n for n in names if VARIANTS[n].kind != "wandb"]
-    variants = [VARIANTS[n] for n in names]
+    variants = with_paths([VARIANTS[n] for n in names], config.paths or default_paths())
+    unknown_paths = [p for p in config.paths if p not in PATHS]
+    if unknown_paths:
+        raise ValueError(f"Expected paths from {list(PATHS)}, but got {unknown_paths}")
 
     meta = {
         "python": platform.python_version(),
@@ -833,6 +1047,7 @@ def run_benchmark(config: BenchConfig, progress: Callable[[dict[str, Any]], None
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "paths": sorted({v.path for v in variants if v.path}),
         "loadavg_before": _loadavg(),
         "config": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()},
     }
@@ -852,7 +1067,8 @@ def run_benchmark(config: BenchConfig, progress: Callable[[dict[str, Any]], None
             )
         meta["loadavg_after"] = _loadavg()
         messages = list(dict.fromkeys(str(w.message) for w in caught))
-        return {"meta": meta, "results": results, "targets": evaluate_targets(results, memory), "skipped": skipped,
+        return {"meta": meta, "results": results, "targets": evaluate_targets(results, memory),
+                "path_targets": evaluate_path_targets(results), "skipped": skipped,
                 "warnings": messages}
 
     work_dir = tempfile.mkdtemp(prefix="tl-bench-")
@@ -956,13 +1172,14 @@ def format_report(report: dict[str, Any]) -> str:
                          f"the variant took {r['steps_taken']}")
         if (r.get("memory") or {}).get("error"):
             lines.append(f"  memory of {r['model']}/{r['variant']} failed: {r['memory']['error']}")
+    lines += format_path_targets(report.get("path_targets", []))
     lines += [f"  {message}" for message in report["skipped"]]
     lines += [f"  warning: {message}" for message in report["warnings"] if "tensorlens" in message]
     for r in report["results"]:
         profile = r.get("profile")
         if not profile:
             continue
-        lines += ["", f"Profile of {r['model']} / tl_full_every_step over {profile['steps']} steps: "
+        lines += ["", f"Profile of {r['model']} / {r['variant']} over {profile['steps']} steps: "
                       f"{profile['wall_ms_per_step']:.2f} ms/step vs baseline {_fmt(profile['baseline_wall_ms_per_step'])} ms; "
                       f"ops added by tensorlens {profile['extra_op_ms_per_step']:.2f} ms/step (torch.profiler self CPU)"]
         for e in profile["top_extra_ops"][:10]:
@@ -980,7 +1197,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=None,
                    help=f"default: {' '.join(DEFAULT_VARIANTS)}")
     p.add_argument("--steps", type=int, default=None, help="measured steps per variant (default: per model, 200-400)")
-    p.add_argument("--block", type=int, default=10, help="steps per variant per round")
+    p.add_argument("--block", type=int, default=None, help="steps per variant per round (default: per model, 10 for most)")
+    p.add_argument("--paths", nargs="+", choices=list(PATHS), default=None,
+                   help="tensorlens's compiled CPU kernel and/or PyTorch ops (the GPU path); default: both where the kernel is built")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: min(cpus, 8))")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-RSS subprocesses")
@@ -1011,6 +1230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.variants = args.variants
     if args.steps:
         config.steps = args.steps
+    if args.paths:
+        config.paths = args.paths
     print(f"torch threads: {threads}", file=sys.stderr)
 
     def write(report: dict[str, Any]) -> None:

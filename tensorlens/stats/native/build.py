@@ -198,8 +198,11 @@ def _torch_uses_libgomp() -> bool:
 
 
 def available() -> bool:
-    """Whether the compiled kernel is in use (building it on the first call)."""
+    """Whether the compiled kernel is in use (building it on the first call). ``TENSORLENS_NATIVE=0``
+    switches it off at any time, also once it is loaded (benchmarks compare both paths in one process)."""
     global _library, _tried, _shares
+    if _switched_off():
+        return False
     with _lock:
         if not _tried:
             try:
@@ -240,4 +243,8 @@ def library() -> ctypes.CDLL | None:
     """The loaded kernel, or ``None`` (read without the lock on hot paths: set before ``_tried``)."""
     if not _tried:
         available()
-    return _library
+    return None if _switched_off() else _library
+
+
+def _switched_off() -> bool:
+    return os.environ.get("TENSORLENS_NATIVE") == "0"
