@@ -325,13 +325,14 @@ class _Step:
         plan, jobs = self.plan, self.jobs
         pieces = [jobs[i].pieces for i in plan.reduced]
         flat = [p for ps in pieces for p in ps]
-        native_at = [k for k, p in enumerate(flat) if p.partial_row is None]
-        piece_rows = torch.empty((len(flat), len(PARTIALS)), dtype=torch.float64)
-        if native_at:
-            piece_rows[native_at] = torch.from_numpy(native_partial_rows(np.stack([flat[k].native_row for k in native_at])))
-        for k, p in enumerate(flat):
-            if p.partial_row is not None:
-                piece_rows[k] = p.partial_row.to(torch.float64).cpu()
+        if all(p.partial_row is None for p in flat):  # the kernel's rows (CPU activations): in numpy at once
+            piece_rows = torch.from_numpy(native_partial_rows(np.stack([p.native_row for p in flat])))
+        else:  # rows of sparse tensors, on their device (no host copy)
+            piece_rows = torch.stack([
+                p.partial_row.to(plan.device, torch.float64, non_blocking=True) if p.partial_row is not None
+                else torch.from_numpy(native_partial_rows(p.native_row[None, :])[0]).to(plan.device, non_blocking=True)
+                for p in flat
+            ])
         if len(flat) == len(pieces):
             merged = piece_rows
         else:
@@ -460,7 +461,7 @@ class _Step:
     ) -> _DeviceHistograms:
         plan, reducer, metas = self.plan, self.reducer, self.plan.metas
         device = plan.device
-        low, high = low.to(device, torch.float64), high.to(device, torch.float64)
+        low, high = low.to(torch.float64), high.to(torch.float64)  # on the device already (two-phase: the CPU)
         rejected = torch.zeros(len(samples), dtype=torch.float64, device=device)
         if group.reject:
             low, high = low.clone(), high.clone()
@@ -492,7 +493,7 @@ class _Step:
     def _copy(self, rows: torch.Tensor, hists: list[_DeviceHistograms]) -> tuple[np.ndarray, _HostHistograms]:
         """One device-to-host copy of ``rows`` and every histogram (on a CPU, the arrays as they are)."""
         engine = self.engine
-        if self.cpu and rows.device.type == "cpu" and all(h.counts.device.type == "cpu" for h in hists):
+        if self.cpu and not self.plan.sync_free and all(h.counts.device.type == "cpu" for h in hists):
             # .cpu() of a CPU tensor is the tensor itself: counted as the step's one copy all the same
             return engine._to_host(rows), _HostHistograms([(h, h.counts.numpy(), h.extra.numpy()) for h in hists])
         parts = [rows.reshape(-1).to(torch.float64)]

@@ -186,7 +186,6 @@ def merge_partials(rows: torch.Tensor) -> torch.Tensor:
     n = c.sum(-1)
     out = torch.full(rows.shape[:-2] + (len(PARTIALS),), math.nan, dtype=torch.float64, device=rows.device)
     present = c > 0
-    inf = torch.tensor(math.inf, dtype=torch.float64, device=rows.device)
     zeros = torch.zeros_like(c)
     for column in registry.COLUMNS:
         col = rows[..., COL[column.name]]
@@ -195,7 +194,8 @@ def merge_partials(rows: torch.Tensor) -> torch.Tensor:
         elif column.merge == "prod":
             out[..., COL[column.name]] = col.prod(-1)
         elif column.merge in ("min", "max"):
-            reduce, fill = (torch.amin, inf) if column.merge == "min" else (torch.amax, -inf)
+            # a Python number, not a tensor made here: that would be a host-to-device copy (a sync)
+            reduce, fill = (torch.amin, math.inf) if column.merge == "min" else (torch.amax, -math.inf)
             merged = reduce(torch.where(present, col, fill), -1)
             out[..., COL[column.name]] = torch.where(n > 0, merged, torch.full_like(merged, math.nan))
         elif column.merge == "single":
