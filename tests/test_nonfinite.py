@@ -15,7 +15,8 @@ from tensorlens.engine.assemble import host_record
 from tensorlens.engine.jobs import TensorJob
 from tensorlens.engine.step import StepStatistics
 from tensorlens.stats.histogram import sample_stride
-from tensorlens.stats.torch_rows import nonfinite_count_rows, nonfinite_counts_of
+from tensorlens.stats.moments import COL
+from tensorlens.stats.torch_rows import TorchRows, nonfinite_count_rows
 
 pytestmark = pytest.mark.usefixtures("kernel")
 
@@ -97,10 +98,14 @@ def test_histograms_of_poisoned_tensors_span_the_finite_values_of_their_sample(s
             assert (h.edges[0], h.edges[-1]) == span
 
 
-def test_batched_counts_equal_numpy() -> None:
-    tensors = [t.float().reshape(-1) for t in _poisoned(3, torch.float32)] + [torch.zeros(0)]
-    counts = nonfinite_counts_of(tensors)
-    for t, (nans, infs) in zip(tensors, counts.tolist(), strict=True):
-        assert (nans, infs) == (float(torch.isnan(t).sum()), float(torch.isinf(t).sum()))
+@pytest.mark.parametrize("counts", ["always", "flagged"])
+def test_first_pass_counts_equal_numpy(counts: str) -> None:
+    """The PyTorch path's counts, of every size class, NaN throughout or here and there."""
+    tensors = [t.float().reshape(-1) for t in _poisoned(3, torch.float32)] + [torch.zeros(0), torch.full((70_000,), math.nan)]
+    columns = [frozenset({"count", "sum", "min", "max", "nan_count", "inf_count", "m2", "sumsq", "zero_count"})] * len(tensors)
+    rows = TorchRows([t.numel() for t in tensors], [t.dtype for t in tensors], columns, torch.device("cpu"), counts).run(tensors)
+    for t, row in zip(tensors, rows.numpy(), strict=True):
+        assert (row[COL["nan_count"]], row[COL["inf_count"]]) == (float(torch.isnan(t).sum()), float(torch.isinf(t).sum()))
+        assert row[COL["zero_count"]] == float((t == 0).sum())
     matrix = torch.stack([torch.tensor([1.0, math.nan, math.inf, -math.inf, 0.0]), torch.tensor([math.nan] * 5)])
     assert nonfinite_count_rows(matrix).tolist() == [[1.0, 2.0], [5.0, 0.0]]

@@ -50,7 +50,7 @@ from tensorlens.stats.moments import (
     partial_rows,
 )
 from tensorlens.stats.sparse import is_sparse, sparse_summary
-from tensorlens.stats.torch_rows import finite_range_rows, nonfinite_counts_of
+from tensorlens.stats.torch_rows import finite_range_rows
 
 _NAN, _INF = COL["nan_count"], COL["inf_count"]
 
@@ -348,30 +348,12 @@ class _Step:
         return merged
 
     def _nonfinite(self, rows: torch.Tensor) -> np.ndarray | torch.Tensor:
-        """Which jobs hold NaN or Inf (a host array on a CPU, a device tensor elsewhere), with
-        their counts in ``rows``. On a CPU only the PyTorch-path jobs whose sum, min or max is
-        not finite are counted (the kernel's counts are exact already); under ``sync_free``
-        every count was taken in the first pass."""
+        """Which jobs hold NaN or Inf (a host array on a CPU, a device tensor elsewhere): every
+        row's counts are exact already (the kernel's, or :class:`TorchRows`'s)."""
         plan = self.plan
         if plan.sync_free:
             return (rows[:, _NAN] + rows[:, _INF]) > 0
         host = rows.numpy()
-        if plan.torch:
-            at = np.array(plan.torch, dtype=np.intp)
-            part = host[at]
-            with np.errstate(invalid="ignore"):
-                suspect = (part[:, COL["count"]] > 0) & ~np.isfinite(part[:, [COL["sum"], COL["min"], COL["max"]]]).all(axis=1)
-            host[at[~suspect], _NAN] = 0.0
-            host[at[~suspect], _INF] = 0.0
-            redo = at[suspect].tolist()
-            if redo:
-                counts = nonfinite_counts_of([self._flat(i) for i in redo], self.engine._scratch_for)
-                shared = [j for j, i in enumerate(redo) if plan.partitioned_list[i]] if self.reducer is not None else []
-                if shared:  # NaN and Inf are partitioned exactly like the values
-                    where = torch.tensor(shared)
-                    counts[where] = self.reducer.sum(counts[where])
-                host[redo, _NAN] = counts[:, 0].numpy()
-                host[redo, _INF] = counts[:, 1].numpy()
         return (host[:, _NAN] + host[:, _INF]) > 0
 
     # ------------------------------------------------------------------ histograms
@@ -395,16 +377,17 @@ class _Step:
                 plan.partitioned_list, reducer, group.partitioned,
             )
         samples = [self._sample(i) for i in members]
-        masks: list[torch.Tensor | None] = [None] * len(members)
+        stacked = group.layout.stack(samples) if group.layout is not None else None
+        finite_only = False
         if plan.sync_free:
             # ranges chosen on the device: the tensor's, or its sample's finite one where it holds NaN/Inf
             low, high = rows[group.at, COL["min"]], rows[group.at, COL["max"]]
-            finite_low, finite_high = finite_range_rows(samples, group.layout, low.dtype)
+            finite_low, finite_high = finite_range_rows(samples, group.layout, low.dtype, stacked)
             if reducer is not None:
                 finite_low, finite_high = reducer.min_max(finite_low, finite_high)
             holds = flagged[group.at]
             low, high = torch.where(holds, finite_low, low), torch.where(holds, finite_high, high)
-            masks = [torch.isfinite(s) for s in samples]
+            finite_only = True
         else:
             host = rows.numpy()
             low, high = host[members, COL["min"]], host[members, COL["max"]]
@@ -422,15 +405,13 @@ class _Step:
                     agreed = reducer.min_max(torch.from_numpy(found[0][shared]), torch.from_numpy(found[1][shared]))
                     found[0][shared], found[1][shared] = agreed[0].numpy(), agreed[1].numpy()
                 low[redo], high[redo] = found
-                if not group.native:
-                    for g in redo:
-                        masks[g] = torch.isfinite(samples[g])
+                finite_only = True
             if not group.native:
                 low, high = torch.from_numpy(low), torch.from_numpy(high)
-        if group.native:
+        if group.native:  # the kernel never bins NaN or Inf
             out = self._native_histograms(group, samples, low, high)
         else:
-            out = self._torch_histograms(group, samples, masks, low, high)
+            out = self._torch_histograms(group, samples, stacked, finite_only, low, high)
         return _merge_workers(out, plan.partitioned_list, reducer, group.partitioned)
 
     def _native_histograms(
@@ -456,13 +437,14 @@ class _Step:
         )
 
     def _torch_histograms(
-        self, group: HistogramGroup, samples: list[torch.Tensor], masks: list[torch.Tensor | None],
-        low: torch.Tensor, high: torch.Tensor,
+        self, group: HistogramGroup, samples: list[torch.Tensor], stacked: list[torch.Tensor] | None,
+        finite_only: bool, low: torch.Tensor, high: torch.Tensor,
     ) -> _DeviceHistograms:
         plan, reducer, metas = self.plan, self.reducer, self.plan.metas
         device = plan.device
         low, high = low.to(torch.float64), high.to(torch.float64)  # on the device already (two-phase: the CPU)
         rejected = torch.zeros(len(samples), dtype=torch.float64, device=device)
+        masks: list[torch.Tensor | None] = [None] * len(samples)
         if group.reject:
             low, high = low.clone(), high.clone()
             for g, i in enumerate(group.members):  # rare: a per-tensor median and quantile
@@ -481,8 +463,12 @@ class _Step:
         if group.fixed is not None:
             low, high = torch.full_like(low, group.fixed[0]), torch.full_like(high, group.fixed[1])
         low, high = histogram_range(low, high, group.dtype)  # also: no range (all NaN, empty) -> [-0.5, 0.5]
-        samples = [s if s.device == device else s.to(device, non_blocking=True) for s in samples]
-        counts, scale, below, above = histogram_counts(samples, low, high, group.bins, masks, clip=group.fixed is not None, layout=group.layout)
+        if stacked is not None:
+            stacked = [m if m.device == device else m.to(device, non_blocking=True) for m in stacked]
+        counts, scale, below, above = histogram_counts(
+            samples, low, high, group.bins, masks, clip=group.fixed is not None, layout=group.layout,
+            finite_only=finite_only, stacked=stacked,
+        )
         extra = torch.stack(
             [low, high, scale, data_low, data_high, counts.sum(1), rejected, below, above]
         ).to(torch.float64).T.contiguous()

@@ -147,7 +147,7 @@ class StepPlan:
         if self.torch:
             self.torch_rows = TorchRows(
                 [dense_numel[i] for i in self.torch], [dense_dtypes[i] for i in self.torch],
-                [self.columns[i] for i in self.torch], self.device, counts=self.sync_free,
+                [self.columns[i] for i in self.torch], self.device, counts="always" if self.sync_free else "flagged",
             )
             self.torch_at = to_device(self.torch, torch.int64, self.device)
         # plain small tensors go to the PyTorch path as they are, flattened together there

@@ -99,6 +99,8 @@ def histogram_counts(
     masks: list[torch.Tensor | None] | None = None,
     clip: bool = False,
     layout: HistogramLayout | None = None,
+    finite_only: bool = False,
+    stacked: list[torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Counts of every sample over its ``[low[g], high[g]]`` in ``bins`` bins, in one ``index_add_``.
 
@@ -113,7 +115,9 @@ def histogram_counts(
     outside ``[low, high]`` are not binned and are counted in ``below``/``above``; otherwise the
     range is the data's and every finite value lies inside it. NaN and ±Inf are never binned by
     the caller's contract: a tensor holding them is binned again with a finite mask.
-    ``layout`` (of these samples' lengths) is built here when not given.
+    ``finite_only`` leaves NaN and Inf out (one test over all the samples, for a group where some
+    tensor holds them). ``layout`` (of these samples' lengths) is built here when not given, and
+    ``stacked`` (:meth:`HistogramLayout.stack` of the samples) where the caller has it already.
     Returns ``(counts [G, bins] int64, scale [G], below [G], above [G])``.
     """
     groups = len(samples)
@@ -125,9 +129,10 @@ def histogram_counts(
     if layout is None:
         layout = HistogramLayout([s.numel() for s in samples], bins, device)
     positions = []
-    for length, members, at, offsets in layout.by_length:
-        flat = [samples[g] if samples[g].dim() == 1 else samples[g].reshape(-1) for g in members]
-        values = (torch.stack(flat) if len(flat) > 1 else flat[0].unsqueeze(0)).to(dtype)  # [k, length]
+    if stacked is None:
+        stacked = layout.stack(samples)
+    for (length, members, at, offsets), matrix in zip(layout.by_length, stacked, strict=True):
+        values = matrix.to(dtype)  # [k, length]
         lo, hi, sc = low[at, None], high[at, None], scale[at, None]
         position = torch.sub(values, lo).mul_(sc)
         # floor before adding the group's offset: 2.9999999 + 3200 would round up a bin in float32
@@ -139,6 +144,9 @@ def histogram_counts(
                 masks[g].reshape(-1) if masks[g] is not None else torch.ones(length, dtype=torch.bool, device=device)
                 for g in members
             ])
+        if finite_only:
+            finite = torch.isfinite(values)
+            keep = finite if keep is None else keep & finite
         if clip:
             is_below, is_above = values < lo, values > hi
             if keep is not None:
@@ -175,6 +183,14 @@ class HistogramLayout:
             for length, members in by_length.items() if length > 0
         ]
         self._ones: torch.Tensor | None = None
+
+    def stack(self, samples: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The samples of each length as one ``[k, length]`` matrix, in :attr:`by_length` order."""
+        out = []
+        for _, members, _, _ in self.by_length:
+            flat = [samples[g] if samples[g].dim() == 1 else samples[g].reshape(-1) for g in members]
+            out.append(torch.stack(flat) if len(flat) > 1 else flat[0].unsqueeze(0))
+        return out
 
     def ones(self, n: int, device: torch.device) -> torch.Tensor:
         """``n`` ones (int64) for ``index_add_``, a view of a buffer kept across steps."""

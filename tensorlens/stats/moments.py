@@ -80,12 +80,13 @@ def partial_rows_and_samples(
     scratch: Callable[[torch.Tensor], torch.Tensor] | None = None,
     sample_strides: dict[int, int] | None = None,
 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-    """Partial rows ``[N, len(PARTIALS)]`` (float64, on the tensors' device) with no host sync.
+    """Partial rows ``[N, len(PARTIALS)]`` (float64, on the tensors' device).
 
     ``values`` are flat tensors in their compute dtype (:func:`as_values`), ``columns[i]`` the
     columns tensor ``i`` needs (:func:`needed_columns`); others are NaN. ``nan_count`` and
-    ``inf_count`` are left NaN: the caller learns from ``sum``/``min``/``max`` after the one host
-    copy whether a tensor holds NaN or Inf, and counts only those (:func:`nonfinite_counts`).
+    ``inf_count`` are exact (see :class:`~tensorlens.stats.torch_rows.TorchRows`; off the CPU
+    without a host sync). Every step of a model uses :mod:`tensorlens.engine.step_plan` instead,
+    which keeps the grouping across steps.
     ``scratch(values)`` may return a reusable buffer at least as long as ``values``.
     ``sample_strides[i]`` asks for every ``sample_strides[i]``-th value of tensor ``i`` (its
     histogram sample): the compiled CPU kernel gathers it in the same read and returns it in the
@@ -105,7 +106,10 @@ def partial_rows_and_samples(
     done = _native_rows(rows, values, columns, sample_strides or {}, samples)
     rest = [i for i in range(n_rows) if i not in done]
     if rest:
-        plan = TorchRows([values[i].numel() for i in rest], [values[i].dtype for i in rest], [columns[i] for i in rest], device)
+        plan = TorchRows(
+            [values[i].numel() for i in rest], [values[i].dtype for i in rest], [columns[i] for i in rest], device,
+            counts="flagged" if device.type == "cpu" else "always",
+        )
         found = plan.run([values[i] for i in rest], scratch)
         rows = found if len(rest) == n_rows else rows.index_copy(0, torch.tensor(rest, device=device), found)
     return rows, samples

@@ -100,9 +100,14 @@ class _BlockSet:
 
 class TorchRows:
     """Partial rows ``[len(numels), len(PARTIALS)]`` (float64, on ``device``) of flat tensors of
-    the given sizes and dtypes, with PyTorch ops and no host sync. ``columns[i]`` names the
-    columns tensor ``i`` needs; the others are NaN. ``nan_count``/``inf_count`` are computed only
-    with ``counts`` (else left NaN, for the caller to fill where sum, min or max are not finite).
+    the given sizes and dtypes. ``columns[i]`` names the columns tensor ``i`` needs; the others
+    are NaN. ``nan_count`` and ``inf_count`` are always exact:
+
+    - ``counts="always"`` (any device): counted for every tensor in the first pass, with no host
+      sync (a GPU never waits);
+    - ``counts="flagged"`` (CPU tensors: reading a result costs nothing): each tensor's sum is read
+      first; only tensors whose sum is not finite are counted, and one that is NaN throughout (a
+      diverged run) skips every other reduction, so such a step costs less than a finite one.
 
     >>> rows = TorchRows([3, 5], [torch.float32] * 2, [frozenset({"sum"})] * 2, torch.device("cpu"))
     >>> rows.run([torch.ones(3), torch.ones(5)])[:, COL["sum"]].tolist()
@@ -111,8 +116,10 @@ class TorchRows:
 
     def __init__(
         self, numels: list[int], dtypes: list[torch.dtype], columns: list[frozenset[str]], device: torch.device,
-        counts: bool = False,
+        counts: str = "always",
     ) -> None:
+        if counts not in ("always", "flagged"):
+            raise ValueError(f"Expected counts to be 'always' or 'flagged', but got {counts!r}")
         self.k = len(numels)
         self.device = device
         self.counts = counts
@@ -135,7 +142,7 @@ class TorchRows:
             n = numels[i]
             if n <= SMALL_TENSOR:
                 continue
-            block_set = sets.setdefault(columns[i], _BlockSet(columns[i], counts))
+            block_set = sets.setdefault(columns[i], _BlockSet(columns[i], counts == "always"))
             if n <= STACK_TENSOR:
                 groups.setdefault((n, dtypes[i], columns[i]), []).append(i)
             else:
@@ -151,7 +158,7 @@ class TorchRows:
                 block_set.lengths += [float(n)] * len(positions)
             block_set.row_index = to_device(block_set.order, torch.int64, device)
             block_set.n = to_device(block_set.lengths, torch.float64, device)
-            block_set.names = _partial_names(block_set.cols, counts)
+            block_set.names = _partial_names(block_set.cols)
             block_set.columns = to_device([COL[c] for c in block_set.names], torch.int64, device)
         self.sets = list(sets.values())
         self._count = to_device([float(n) for n in numels], torch.float64, device)
@@ -214,9 +221,11 @@ class TorchRows:
             out["zero_count"] = seg_sum((flat == 0).to(torch.float64))
         if "prod" in columns:
             out["prod"] = torch.ones_like(zeros).scatter_reduce_(0, segment, flat, "prod", include_self=True)
-        if self.counts:
+        if self.counts == "always" or not bool(torch.isfinite(total).all()):  # flagged: a read on the CPU
             out["nan_count"] = seg_sum(torch.isnan(flat).to(torch.float64))
             out["inf_count"] = seg_sum(torch.isinf(flat).to(torch.float64))
+        else:
+            out["nan_count"] = out["inf_count"] = zeros
         for name in ("median", "abs_median"):  # not a segment reduction: one sort per tensor, only on request
             if name in columns:
                 medians = [exact_median(v.abs() if name == "abs_median" else v) for v in values]
@@ -235,12 +244,24 @@ class TorchRows:
         raw, zero_counts, counts = [], [], []
         for positions, n, stacked in block_set.blocks:
             matrix = torch.stack([values[i] for i in positions]) if stacked else values[positions[0]].view(1, n)
-            found, zeros, nonfinite = _block_raw(matrix, block_set, scratch)
+            total = matrix.sum(1)
+            nonfinite = None
+            if self.counts == "flagged":
+                nonfinite = torch.zeros((len(positions), 2), dtype=torch.float64)
+                if not bool(torch.isfinite(total).all()):  # a read on the CPU, free
+                    buf = scratch(matrix)[: matrix.numel()].view_as(matrix) if scratch is not None else None
+                    nonfinite = _flagged_counts(matrix, buf)
+                    if bool((nonfinite[:, 0] == n).all()):  # NaN throughout: every other statistic is NaN
+                        raw.append(torch.full((len(positions), len(block_set.raw)), math.nan, dtype=matrix.dtype))
+                        if block_set.zeros:
+                            zero_counts.append(torch.zeros(len(positions), dtype=torch.int64))
+                        counts.append(nonfinite)
+                        continue
+            found, zeros, first_pass_counts = _block_raw(matrix, block_set, scratch, total)
             raw.append(found)
             if zeros is not None:
                 zero_counts.append(zeros)
-            if nonfinite is not None:
-                counts.append(nonfinite)
+            counts.append(first_pass_counts if nonfinite is None else nonfinite)
         r = torch.cat(raw).to(torch.float64) if len(raw) > 1 else raw[0].to(torch.float64)  # [K, R]
         at = {name: j for j, name in enumerate(block_set.raw)}
         n = block_set.n
@@ -250,15 +271,31 @@ class TorchRows:
         rows[block_set.row_index.unsqueeze(1), block_set.columns] = torch.stack(out, dim=1)
 
 
-def _partial_names(cols: frozenset[str], counts: bool) -> tuple[str, ...]:
-    """The partial columns a block set writes (always sum, min, max; the rest as requested)."""
+def _partial_names(cols: frozenset[str]) -> tuple[str, ...]:
+    """The partial columns a block set writes (always sum, min, max and the non-finite counts;
+    the rest as requested)."""
     names = ["sum", "min", "max"]
     for name in ("m2", "sumsq", "l1", "abs_min", "abs_m2", "zero_count", "prod", "median", "abs_median"):
         if name in cols or (name == "m2" and "sumsq" in cols) or (name == "sumsq" and "m2" in cols):
             names.append(name)
-    if counts:
-        names += ["nan_count", "inf_count"]
+    names += ["nan_count", "inf_count"]
     return tuple(dict.fromkeys(names))
+
+
+def _flagged_counts(matrix: torch.Tensor, buf: torch.Tensor | None) -> torch.Tensor:
+    """``[k, 2]`` NaN and Inf counts (CPU) of rows known to hold NaN or Inf: the NaN count first,
+    and the finite count only where some value is not NaN."""
+    k, n = matrix.shape
+    if buf is None:
+        buf = torch.empty_like(matrix)
+    dtype = torch.float64 if n >= _EXACT_FLOAT32_COUNT else None  # counts past 2**24 are not exact in float32
+    not_nan = torch.nansum(torch.clamp(matrix, 1, 1, out=buf), 1, dtype=dtype).to(torch.float64)  # clamp keeps NaN
+    out = torch.stack([n - not_nan, torch.zeros_like(not_nan)], dim=1)
+    if bool((not_nan > 0).any()):
+        one = matrix.new_ones(()).expand_as(matrix)
+        finite = torch.nansum(torch.add(one, matrix, alpha=0, out=buf), 1, dtype=dtype).to(torch.float64)
+        out[:, 1] = not_nan - finite
+    return out
 
 
 def _partial_column(
@@ -280,14 +317,14 @@ def _partial_column(
 
 
 def _block_raw(
-    matrix: torch.Tensor, block_set: _BlockSet, scratch: Callable[[torch.Tensor], torch.Tensor] | None
+    matrix: torch.Tensor, block_set: _BlockSet, scratch: Callable[[torch.Tensor], torch.Tensor] | None,
+    total: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Raw reductions ``[k, len(block_set.raw)]`` of the ``k`` rows of ``matrix`` ``[k, n]`` (in
-    its dtype), its zero counts and its ``[k, 2]`` NaN/Inf counts where asked."""
+    its dtype; ``total``: their sums), its zero counts and its ``[k, 2]`` NaN/Inf counts where asked."""
     k, n = matrix.shape
     cols = block_set.cols
     buf = scratch(matrix)[: k * n].view(k, n) if scratch is not None else torch.empty_like(matrix)
-    total = matrix.sum(1)
     # not aminmax(dim=1): on CPU it is 5-10x slower than amin and amax along a dimension
     out = [total, matrix.amin(1), matrix.amax(1)]
     if cols & {"m2", "sumsq"}:
@@ -351,46 +388,27 @@ def _exact_median_rows(matrix: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(matrix).any(1), torch.full_like(median, math.nan), median)
 
 
-def nonfinite_counts_of(
-    values: list[torch.Tensor], scratch: Callable[[torch.Tensor], torch.Tensor] | None = None
-) -> torch.Tensor:
-    """``[len(values), 2]`` float64 on the CPU: the NaN and Inf counts of flat tensors, small ones
-    together in one buffer (the CPU path counts only the tensors whose sum, min or max is not
-    finite: reading results costs nothing there)."""
-    out = torch.empty((len(values), 2), dtype=torch.float64)
-    small = [k for k, v in enumerate(values) if v.numel() <= SMALL_TENSOR]
-    if small:
-        lengths = torch.tensor([values[k].numel() for k in small])
-        flat = torch.cat([values[k].to(torch.float64) for k in small])
-        segment = torch.repeat_interleave(torch.arange(len(small)), lengths)
-        for column, test in ((0, torch.isnan), (1, torch.isinf)):
-            found = torch.zeros(len(small), dtype=torch.float64).index_add_(0, segment, test(flat).to(torch.float64))
-            out[small, column] = found.cpu()
-    for k, v in enumerate(values):
-        if v.numel() > SMALL_TENSOR:
-            matrix = v.reshape(1, -1)
-            buf = scratch(matrix)[: matrix.numel()].view_as(matrix) if scratch is not None else None
-            out[k] = nonfinite_count_rows(matrix, buf)[0].cpu()
-    return out
-
-
-def finite_range_rows(samples: list[torch.Tensor], layout: object | None, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def finite_range_rows(
+    samples: list[torch.Tensor], layout: object | None, dtype: torch.dtype, stacked: list[torch.Tensor] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(low, high)`` ``[G]`` in ``dtype``: the smallest and largest finite value of each sample
     (``+inf``/``-inf`` where none is), samples of one length stacked (``layout``: a
-    :class:`~tensorlens.stats.histogram.HistogramLayout` of these samples, or ``None``)."""
+    :class:`~tensorlens.stats.histogram.HistogramLayout` of these samples, whose ``stack`` of them
+    may be given as ``stacked``; or ``None``)."""
     device = samples[0].device if samples else torch.device("cpu")
     low = torch.full((len(samples),), math.inf, dtype=dtype, device=device)
     high = torch.full((len(samples),), -math.inf, dtype=dtype, device=device)
     if layout is not None:
         groups = [(members, at) for _, members, at, _ in layout.by_length]  # type: ignore[attr-defined]
+        matrices = stacked if stacked is not None else layout.stack(samples)  # type: ignore[attr-defined]
     else:
         by_length: dict[int, list[int]] = {}
         for g, s in enumerate(samples):
             if s.numel():
                 by_length.setdefault(s.numel(), []).append(g)
         groups = [(members, torch.tensor(members, device=device)) for members in by_length.values()]
-    for members, at in groups:
-        matrix = torch.stack([samples[g].reshape(-1) for g in members]) if len(members) > 1 else samples[members[0]].reshape(1, -1)
+        matrices = [torch.stack([samples[g].reshape(-1) for g in members]) for members, _ in groups]
+    for (_, at), matrix in zip(groups, matrices, strict=True):
         low[at] = torch.nan_to_num(matrix, math.inf, math.inf, math.inf).amin(1).to(dtype)
         high[at] = torch.nan_to_num(matrix, -math.inf, -math.inf, -math.inf).amax(1).to(dtype)
     return low, high
