@@ -460,7 +460,7 @@ def test_another_models_optimizer_stepping_first_does_not_capture_the_hook(tmp_p
 @pytest.mark.parametrize("kernel_mode", ["native", "torch"])
 def test_large_activations_reduced_in_the_hook_match_the_whole_tensor(tmp_path, monkeypatch, kernel_mode) -> None:
     # Activations of >= REDUCE_WHEN_CAPTURED values are reduced in the forward hook by the compiled
-    # kernel (no copy kept): two calls of one module, an in-place op after it, a NaN in one call.
+    # kernel or PyTorch ops (no copy kept): two calls of one module, an in-place op after it, a NaN in one call.
     from tensorlens.engine.recorder import REDUCE_WHEN_CAPTURED
     from tensorlens.stats import native
 
@@ -486,7 +486,7 @@ def test_large_activations_reduced_in_the_hook_match_the_whole_tensor(tmp_path, 
         pending.append(type(hook._pending._tensors[(tl.ModeKeys.TRAIN, "activations", "lin")][-1]).__name__)
     hook.step()
     hook.close()
-    assert pending == (["ReducedPiece", "ReducedPiece"] if kernel_mode == "native" else ["Tensor", "Tensor"])
+    assert pending == ["ReducedPiece", "ReducedPiece"]  # by the kernel, or by PyTorch ops (as on a GPU)
     values = train_records(memory)[0].scalar_dict()
     finite = expected[np.isfinite(expected)]
     assert values["activations/lin/numel"] == expected.size

@@ -31,6 +31,9 @@ from tensorlens.engine.assemble import host_record
 from tensorlens.engine.jobs import TensorJob
 from tensorlens.engine.step import StepStatistics
 from tensorlens.stats.histogram import histogram_counts
+from tensorlens.stats.moments import COL
+
+COL_NAN = COL["nan_count"]
 
 READS = {"item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__", "cpu"}
 DATA_SIZED = {"nonzero", "argwhere", "bincount", "masked_select", "unique", "unique_consecutive", "histc"}
@@ -153,3 +156,22 @@ def test_index_add_histograms_equal_bincount_ones() -> None:
         keep = sample if masks[g_] is None else sample[masks[g_]]
         position = ((keep - low[g_]) * scale[g_]).nan_to_num(0.0, 31.0, 0.0).clamp(0, 31).floor().to(torch.int64)
         np.testing.assert_array_equal(counts[g_].numpy(), torch.bincount(position, minlength=32).numpy())
+
+
+def test_an_activation_reduced_in_its_hook_does_not_wait_either(torch_ops, monkeypatch) -> None:
+    """A large activation is reduced where it is captured (PyTorch ops on a GPU, its row kept on
+    the device): no host sync there either, once its plan exists."""
+    from tensorlens.engine import jobs
+    from tensorlens.stats.torch_rows import TorchRows
+
+    monkeypatch.setattr(jobs, "_torch_rows", lambda numel, dtype, device, columns: TorchRows(
+        [numel], [dtype], [columns], device, counts="always"))  # what a GPU tensor gets
+    plan = jobs.reduce_plan(("mean", "std", "zero_fraction", "nan_count"), HistogramConfig(bins=16))
+    activation = torch.randn(300, 512)
+    activation[3, 3] = math.nan
+    jobs.reduce_now(activation, plan)
+    with SyncCounter() as counter:
+        piece = jobs.reduce_now(activation, plan)
+    assert not {k: v for k, v in counter.calls.items() if k not in FROM_PYTHON}, counter.calls
+    assert piece.native_row is None and piece.partial_row.device == activation.device
+    assert piece.partial_row[COL_NAN].item() == 1

@@ -4,6 +4,7 @@ the pieces that stand in for a tensor already reduced where it was captured."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Protocol
 
@@ -12,8 +13,9 @@ import torch
 
 from tensorlens.config import HistogramConfig
 from tensorlens.stats import native
-from tensorlens.stats.histogram import sample_stride
+from tensorlens.stats.histogram import sample_stride, strided_sample
 from tensorlens.stats.moments import NATIVE_COLUMNS, as_values, needed_columns
+from tensorlens.stats.torch_rows import TorchRows
 
 
 @dataclasses.dataclass
@@ -39,10 +41,10 @@ class TensorJob:
 class ReducedPiece:
     """A tensor already reduced: its partial row and its histogram sample stand in for its values.
 
-    Made by the compiled CPU kernel where an activation is captured (no clone held until the
-    optimizer step, one read of the values while they are in cache: ``native_row``), or from a
-    sparse tensor's stored values and implicit zeros (``partial_row``, see
-    :mod:`tensorlens.stats.sparse`).
+    Made where an activation is captured (no clone held until the optimizer step, the values read
+    while they are in cache): by the compiled CPU kernel (``native_row``), or with PyTorch ops on
+    any device (``partial_row``, on the tensor's device, no host sync); or from a sparse tensor's
+    stored values and implicit zeros (``partial_row``, see :mod:`tensorlens.stats.sparse`).
     """
 
     native_row: np.ndarray | None  # [len(native.COLUMNS)] float64, as the kernel wrote it
@@ -70,30 +72,72 @@ class ReducePlan:
     wants: int  # the kernel's optional columns (native.wants)
     sample: int | None  # the histogram's sample size; None: every value
     histogram: bool  # whether to gather a histogram sample at all
+    columns: frozenset[str] = frozenset()  # the partial columns needed (the PyTorch path's)
+    native: bool = True  # the kernel computes every column (else PyTorch ops do)
 
 
 def reduce_plan(stats: tuple[str, ...], histogram: HistogramConfig | None) -> ReducePlan | None:
     """The plan for tensors recorded with ``stats`` and ``histogram``, or ``None`` where the
-    compiled kernel cannot do them (a statistic or histogram option it lacks, no kernel built)."""
+    tensor must be kept whole (a histogram that rejects outliers needs all its sample's values
+    at the step's end; so does a median)."""
     columns = needed_columns(stats)
     hist = histogram is not None and histogram.enabled
-    if not columns <= NATIVE_COLUMNS or (hist and histogram.reject_outliers > 0.0) or not native.available():
+    if (hist and histogram.reject_outliers > 0.0) or columns & {"median", "abs_median"}:
         return None
-    return ReducePlan(native.wants(columns), histogram.sample if hist else None, hist)
+    return ReducePlan(
+        native.wants(columns), histogram.sample if hist else None, hist, columns,
+        native=columns <= NATIVE_COLUMNS and native.available(),
+    )
 
 
 def reduce_now(tensor: torch.Tensor, plan: ReducePlan) -> ReducedPiece | None:
-    """``tensor`` as a :class:`ReducedPiece`, or ``None`` where the kernel cannot read it (not on
-    the CPU, complex); the caller then keeps a copy of the tensor as before."""
-    if tensor.device.type != "cpu" or tensor.is_complex():
+    """``tensor`` as a :class:`ReducedPiece`, or ``None`` where it cannot be reduced now (complex);
+    the caller then keeps a copy of the tensor as before. CPU tensors go to the compiled kernel
+    where it is built; the others (any device) to PyTorch ops, whose row stays on the device."""
+    if tensor.is_complex():
         return None
-    values = tensor if native.supports(tensor) else as_values(tensor.detach()).contiguous()
-    stride = sample_stride(values.numel(), plan.sample, int(tensor.shape[-1]) if tensor.dim() else 1) if plan.histogram else 0
-    found = native.moments_one(values, stride, plan.wants)
-    if found is None:
-        return None
-    row, sample = found
-    return ReducedPiece(row, sample if sample is not None else values.new_empty(0), tensor.shape, tensor.dtype, tensor.device)
+    if plan.native and tensor.device.type == "cpu" and native.available():
+        values = tensor if native.supports(tensor) else as_values(tensor.detach()).contiguous()
+        stride = sample_stride(values.numel(), plan.sample, int(tensor.shape[-1]) if tensor.dim() else 1) if plan.histogram else 0
+        found = native.moments_one(values, stride, plan.wants)
+        if found is None:
+            return None
+        row, sample = found
+        return ReducedPiece(row, sample if sample is not None else values.new_empty(0), tensor.shape, tensor.dtype, tensor.device)
+    return _reduce_with_torch(tensor, plan)
+
+
+def _reduce_with_torch(tensor: torch.Tensor, plan: ReducePlan) -> ReducedPiece:
+    """The partial row (on the tensor's device) and a copy of the strided sample, with PyTorch ops."""
+    with torch.no_grad():
+        values = as_values(tensor.detach())
+        if not values.is_contiguous():
+            values = values.contiguous()
+        rows = _torch_rows(values.numel(), values.dtype, values.device, plan.columns)
+        row = rows.run([values], _scratch)[0]
+        if plan.histogram:  # a copy: an in-place op after the module must not change it
+            sample = strided_sample(values, plan.sample, int(tensor.shape[-1]) if tensor.dim() else 1).clone()
+        else:
+            sample = values.new_empty(0)
+    return ReducedPiece(None, sample, tensor.shape, tensor.dtype, tensor.device, partial_row=row)
+
+
+@functools.lru_cache(maxsize=512)  # one per captured module size and dtype
+def _torch_rows(numel: int, dtype: torch.dtype, device: torch.device, columns: frozenset[str]) -> TorchRows:
+    return TorchRows([numel], [dtype], [columns], device, counts="flagged" if device.type == "cpu" else "always")
+
+
+_SCRATCH: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def _scratch(values: torch.Tensor) -> torch.Tensor:
+    """A buffer for the deviations of the largest tensor reduced in a hook so far, per device and
+    dtype (no fresh allocation, and page faults, per captured tensor)."""
+    key = (values.device, values.dtype)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.numel() < values.numel():
+        buf = _SCRATCH[key] = torch.empty(values.numel(), dtype=values.dtype, device=values.device)
+    return buf
 
 
 class WorkerReducer(Protocol):

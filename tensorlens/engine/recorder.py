@@ -392,7 +392,8 @@ class Recorder:
             self.warn_once(f"capturing {kind}/{name}: {type(err).__name__}: {err}")
 
     def _reduce_captured(self, kind: str, module_name: str, tensor: torch.Tensor) -> ReducedPiece | None:
-        if compiling() or tensor.device.type != "cpu" or tensor.layout != torch.strided or tensor.numel() < REDUCE_WHEN_CAPTURED:
+        # any device: the compiled kernel on a CPU, PyTorch ops elsewhere (rows stay on the device)
+        if compiling() or tensor.layout != torch.strided or tensor.numel() < REDUCE_WHEN_CAPTURED:
             return None
         plan = self.planner.capture_plan(self._mode, kind, module_name, self._saving(self._mode))
         return reduce_now(tensor, plan) if plan is not None else None
