@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
+import numpy as np
 import torch
 
 from tensorlens.stats import registry
@@ -96,6 +98,9 @@ class _BlockSet:
         self.n: torch.Tensor | None = None
         self.columns: torch.Tensor | None = None
         self.names: tuple[str, ...] = ()
+        self.order_host = np.zeros(0, dtype=np.intp)
+        self.columns_host = np.zeros(0, dtype=np.intp)
+        self.n_host = np.zeros(0)
 
 
 class TorchRows:
@@ -160,6 +165,9 @@ class TorchRows:
             block_set.n = to_device(block_set.lengths, torch.float64, device)
             block_set.names = _partial_names(block_set.cols)
             block_set.columns = to_device([COL[c] for c in block_set.names], torch.int64, device)
+            block_set.order_host = np.array(block_set.order, dtype=np.intp)
+            block_set.columns_host = np.array([COL[c] for c in block_set.names], dtype=np.intp)
+            block_set.n_host = np.array(block_set.lengths, dtype=np.float64)
         self.sets = list(sets.values())
         self._count = to_device([float(n) for n in numels], torch.float64, device)
         self._small_columns_index: dict[tuple[str, ...], torch.Tensor] = {}
@@ -248,7 +256,7 @@ class TorchRows:
             nonfinite = None
             if self.counts == "flagged":
                 nonfinite = torch.zeros((len(positions), 2), dtype=torch.float64)
-                if not bool(torch.isfinite(total).all()):  # a read on the CPU, free
+                if not np.isfinite(total.numpy()).all():  # a read on the CPU, free
                     buf = scratch(matrix)[: matrix.numel()].view_as(matrix) if scratch is not None else None
                     nonfinite = _flagged_counts(matrix, buf)
                     if bool((nonfinite[:, 0] == n).all()):  # NaN throughout: every other statistic is NaN
@@ -262,13 +270,18 @@ class TorchRows:
             if zeros is not None:
                 zero_counts.append(zeros)
             counts.append(first_pass_counts if nonfinite is None else nonfinite)
-        r = torch.cat(raw).to(torch.float64) if len(raw) > 1 else raw[0].to(torch.float64)  # [K, R]
         at = {name: j for j, name in enumerate(block_set.raw)}
-        n = block_set.n
-        out: list[torch.Tensor] = []
-        for name in block_set.names:
-            out.append(_partial_column(name, r, at, n, zero_counts, counts))
-        rows[block_set.row_index.unsqueeze(1), block_set.columns] = torch.stack(out, dim=1)
+        if self.counts == "flagged":  # a CPU: the few values per tensor are finished in numpy, not in a dozen ops
+            r = (torch.cat(raw) if len(raw) > 1 else raw[0]).numpy().astype(np.float64)  # [K, R]
+            zeros = [z.numpy() for z in zero_counts]
+            both = np.concatenate([c.numpy() for c in counts])
+            out = [_partial_column(name, r, at, block_set.n_host, zeros, both, np) for name in block_set.names]
+            rows.numpy()[block_set.order_host[:, None], block_set.columns_host] = np.stack(out, axis=1)
+            return
+        r = torch.cat(raw).to(torch.float64) if len(raw) > 1 else raw[0].to(torch.float64)  # [K, R]
+        both_t = torch.cat(counts).to(torch.float64)  # [K, 2]: nan, inf
+        found = [_partial_column(name, r, at, block_set.n, zero_counts, both_t, torch) for name in block_set.names]
+        rows[block_set.row_index.unsqueeze(1), block_set.columns] = torch.stack(found, dim=1)
 
 
 def _partial_names(cols: frozenset[str]) -> tuple[str, ...]:
@@ -299,21 +312,22 @@ def _flagged_counts(matrix: torch.Tensor, buf: torch.Tensor | None) -> torch.Ten
 
 
 def _partial_column(
-    name: str, r: torch.Tensor, at: dict[str, int], n: torch.Tensor, zero_counts: list[torch.Tensor],
-    counts: list[torch.Tensor],
-) -> torch.Tensor:
+    name: str, r: Any, at: dict[str, int], n: Any, zero_counts: list[Any], counts: Any, xp: Any,
+) -> Any:
+    """Partial column ``name`` of a block set from its raw reductions ``r`` ``[K, R]`` (float64),
+    the same IEEE operations in PyTorch (``xp=torch``) or numpy (``xp=np``)."""
     if name in ("sum", "min", "max", "l1", "abs_min", "prod", "median", "abs_median"):
         return r[:, at[name]]
     if name == "m2":
-        return r[:, at["sq"]] - r[:, at["dev"]].square() / n
+        return r[:, at["sq"]] - r[:, at["dev"]] * r[:, at["dev"]] / n
     if name == "sumsq":
-        return r[:, at["sq"]] - r[:, at["dev"]].square() / n + r[:, at["sum"]].square() / n
+        return r[:, at["sq"]] - r[:, at["dev"]] * r[:, at["dev"]] / n + r[:, at["sum"]] * r[:, at["sum"]] / n
     if name == "abs_m2":
-        return r[:, at["abs_sq"]] - r[:, at["abs_dev"]].square() / n
+        return r[:, at["abs_sq"]] - r[:, at["abs_dev"]] * r[:, at["abs_dev"]] / n
     if name == "zero_count":  # zeros and NaN, less the NaN
-        return torch.cat(zero_counts).to(torch.float64) - torch.cat(counts).to(torch.float64)[:, 0]
-    both = torch.cat(counts).to(torch.float64)  # [K, 2]: nan, inf
-    return both[:, 0] if name == "nan_count" else both[:, 1]
+        zeros = xp.concatenate(zero_counts) if xp is np else torch.cat(zero_counts)
+        return zeros.astype(np.float64) - counts[:, 0] if xp is np else zeros.to(torch.float64) - counts[:, 0]
+    return counts[:, 0] if name == "nan_count" else counts[:, 1]
 
 
 def _block_raw(
