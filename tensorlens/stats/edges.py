@@ -53,19 +53,34 @@ def exact_edges_numpy(low: np.ndarray, high: np.ndarray, scale: np.ndarray, bins
     with np.errstate(all="ignore"):
         guess = (lo.astype(np.float64) + target / sc.astype(np.float64)).astype(dtype)
         guess_key = np.clip(_ordered_bits(np.nan_to_num(guess)), floor_key, ceil_key)
-        left = np.maximum(guess_key - _WINDOW_ULPS, floor_key)
-        right = np.minimum(guess_key + _WINDOW_ULPS, ceil_key)
         lo_b, sc_b = np.broadcast_to(lo, shape), np.broadcast_to(sc, shape)
-        # the edge lies in (left, right] when right reaches the bin and left does not (or is low itself)
-        inside = _reached(right, lo_b, sc_b, target, dtype) & (
-            (left == floor_key) | ~_reached(left, lo_b, sc_b, target, dtype)
-        )
-        left = np.where(inside & (left != floor_key), left + 1, np.where(inside, left, floor_key))
-        right = np.where(inside, right, ceil_key)
-        edge = _bisect(left, right, lo_b, sc_b, target, dtype)
+        # most edges are the guess or the next value: settled with three whole-array tests
+        at_guess = _reached(guess_key, lo_b, sc_b, target, dtype)
+        below, above = np.maximum(guess_key - 1, floor_key), np.minimum(guess_key + 1, ceil_key)
+        down = at_guess & ((guess_key == floor_key) | ~_reached(below, lo_b, sc_b, target, dtype))
+        up = ~at_guess & (above != guess_key) & _reached(above, lo_b, sc_b, target, dtype)
+        edge = np.where(down, guess_key, above)
+        rest = ~(down | up)
+        if rest.any():  # the others by bisection, from a window of a few ulps
+            edge[rest] = _bisect_window(guess_key[rest], floor_key[rest], ceil_key[rest], lo_b[rest], sc_b[rest], target[rest], dtype)
     inner = _from_ordered_bits(edge, dtype).astype(np.float64)
     edges = np.concatenate([lo.astype(np.float64), inner, hi.astype(np.float64)], axis=1)
     return np.maximum.accumulate(edges, axis=1)
+
+
+def _bisect_window(
+    guess_key: np.ndarray, floor_key: np.ndarray, ceil_key: np.ndarray, lo: np.ndarray, sc: np.ndarray,
+    target: np.ndarray, dtype: np.dtype,
+) -> np.ndarray:
+    """The edges near ``guess_key`` by bisection: in a window of a few ulps where the edge lies
+    in it, else over all of ``[floor_key, ceil_key]`` (near zero an ulp is tiny)."""
+    left = np.maximum(guess_key - _WINDOW_ULPS, floor_key)
+    right = np.minimum(guess_key + _WINDOW_ULPS, ceil_key)
+    # the edge lies in (left, right] when right reaches the bin and left does not (or is low itself)
+    inside = _reached(right, lo, sc, target, dtype) & ((left == floor_key) | ~_reached(left, lo, sc, target, dtype))
+    left = np.where(inside & (left != floor_key), left + 1, np.where(inside, left, floor_key))
+    right = np.where(inside, right, ceil_key)
+    return _bisect(left, right, lo, sc, target, dtype)
 
 
 #: Half-width of the first bisection window of :func:`exact_edges`, in ulps.

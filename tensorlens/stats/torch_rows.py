@@ -229,7 +229,7 @@ class TorchRows:
             out["zero_count"] = seg_sum((flat == 0).to(torch.float64))
         if "prod" in columns:
             out["prod"] = torch.ones_like(zeros).scatter_reduce_(0, segment, flat, "prod", include_self=True)
-        if self.counts == "always" or not bool(torch.isfinite(total).all()):  # flagged: a read on the CPU
+        if self.counts == "always" or not np.isfinite(total.numpy()).all():  # flagged: a read on the CPU, free
             out["nan_count"] = seg_sum(torch.isnan(flat).to(torch.float64))
             out["inf_count"] = seg_sum(torch.isinf(flat).to(torch.float64))
         else:

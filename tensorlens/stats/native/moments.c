@@ -522,14 +522,20 @@ static double value_f64(int64_t key) {
         int64_t left = low_key;                                                              \
         for (int64_t i = 1; i < bins; i++) {                                                 \
             int64_t l = left, r = high_key; /* edges increase: start from the previous one */ \
-            /* the edge is almost always within a few ulps of lo + i / scale */               \
+            /* the edge is almost always within an ulp or two of lo + i / scale: step from   \
+             * there, one ulp at a time, and bisect only when that does not settle it */      \
             T guess = (T)((double)lo + (double)i / (double)scale);                           \
             if (isfinite(guess)) {                                                           \
-                int64_t g = KEY(guess), gl = g - 8, gr = g + 8;                              \
-                if (gl > l && gr < r && FLOOR((VALUE(gr) - lo) * scale) >= (T)i &&          \
-                    !(FLOOR((VALUE(gl) - lo) * scale) >= (T)i)) {                            \
-                    l = gl + 1;                                                              \
-                    r = gr;                                                                  \
+                int64_t g = KEY(guess);                                                      \
+                if (g < l) g = l;                                                            \
+                if (g > r) g = r;                                                            \
+                int steps = 0;                                                               \
+                if (FLOOR((VALUE(g) - lo) * scale) >= (T)i) {                                \
+                    while (g > l && steps < 8 && FLOOR((VALUE(g - 1) - lo) * scale) >= (T)i) { g--; steps++; } \
+                    if (steps < 8) { l = r = g; } else r = g;                                \
+                } else {                                                                     \
+                    while (g < r && steps < 8 && !(FLOOR((VALUE(g + 1) - lo) * scale) >= (T)i)) { g++; steps++; } \
+                    if (steps < 8 && g < r) { l = r = g + 1; } else l = g + 1 < r ? g + 1 : r; \
                 }                                                                            \
             }                                                                                \
             while (l < r) {                                                                  \
