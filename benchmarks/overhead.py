@@ -1012,6 +1012,90 @@ def format_path_targets(targets: Sequence[dict[str, Any]]) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------
+# Python cost per watched tensor, measured directly (issue 17)
+
+
+def measure_per_tensor(paths: Sequence[str], count: int = 1000, steps: int = 15) -> list[dict[str, Any]]:
+    """tensorlens's own time per watched tensor at a saved step's end, without the noise of a
+    training step: ``count`` tiny ``Linear(4, 4)`` layers (``2 * count`` parameters and as many
+    gradients, 8 to 16 values each, so the work per value is nil), weights, biases and gradients
+    with 64-bin histograms, every step. Thread CPU time (``time.thread_time``) of the optimizer
+    pre-hook (the jobs, the statistics, the one host copy) on the training thread, and of building
+    the record and writing the store on the dispatcher thread; medians over ``steps`` steps."""
+    import tensorlens.engine.recorder as recorder_module
+    from tensorlens.engine import assemble
+    from tensorlens.store import writer
+
+    out = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # Python's cost, on one core: OpenMP workers waiting would count as CPU time
+    for path in paths:
+        select_path(path)
+        torch.manual_seed(0)
+        model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(count)])
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+        x = torch.randn(2, 4)
+        work_dir = tempfile.mkdtemp(prefix="tl-bench-per-tensor-")
+        hook = tl.watch(model, collections=["weights", "biases", "gradients"], save_interval=1,
+                        histograms=tl.HistogramConfig(bins=64), backends=["local"], out_dir=work_dir)
+        spent: dict[str, list[float]] = {"training thread": [], "record": [], "store": []}
+        originals = []
+
+        def timed(owner: Any, name: str, label: str, spent: dict[str, list[float]] = spent,
+                  originals: list[tuple[Any, str, Any]] = originals) -> None:
+            original = getattr(owner, name)
+            originals.append((owner, name, original))
+
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                started = time.thread_time()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    spent[label].append(time.thread_time() - started)
+
+            setattr(owner, name, wrapper)
+
+        try:
+            for _ in range(3):  # plans built, caches warm
+                optimizer.zero_grad(set_to_none=True)
+                model(x).sum().backward()
+                optimizer.step()
+            hook.flush()
+            timed(recorder_module.Recorder, "prepare_step", "training thread")
+            timed(assemble, "build_record", "record")
+            timed(writer.RunStoreWriter, "write", "store")
+            hook._dispatcher._build = assemble.build_record if hasattr(hook._dispatcher, "_build") else None
+            for _ in range(steps):
+                optimizer.zero_grad(set_to_none=True)
+                model(x).sum().backward()
+                optimizer.step()
+                hook.flush()
+        finally:
+            for owner, name, original in originals:
+                setattr(owner, name, original)
+            hook.close()
+            shutil.rmtree(work_dir, ignore_errors=True)
+        tensors = 4 * count  # weights, biases and their gradients
+        torch.set_num_threads(threads)
+        row = {"path": path, "tensors": tensors}
+        for label, values in spent.items():
+            if values:
+                row[f"{label} us/tensor"] = statistics.median(values) / tensors * 1e6
+        out.append(row)
+    return out
+
+
+def format_per_tensor(rows: Sequence[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    lines = ["", "Python cost per watched tensor (thread CPU time, 4000 tensors of 4-16 values, every step saved)"]
+    for row in rows:
+        parts = [f"{k.removesuffix(' us/tensor')} {v:.2f} us" for k, v in row.items() if k.endswith("us/tensor")]
+        lines.append(f"  {row['path']:<7} " + ", ".join(parts))
+    return lines
+
+
+# --------------------------------------------------------------------------------------------
 # Entry points
 
 
@@ -1207,6 +1291,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true", help="profile tl_full_every_step (torch.profiler + cProfile)")
     p.add_argument("--profile-steps", type=int, default=20)
     p.add_argument("--quick", action="store_true", help="MLP only, a few steps: checks that everything runs")
+    p.add_argument("--per-tensor", action="store_true", help="also measure the Python cost per watched tensor (4000 tiny tensors)")
     p.add_argument("--json", action="store_true", help="JSON on stdout (the table goes to stderr)")
     p.add_argument("--out", help="also write the JSON to this file")
     p.add_argument("--memory-child", nargs=2, metavar=("MODEL", "VARIANT"), help=argparse.SUPPRESS)
@@ -1226,6 +1311,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.memory_steps, config.profile_steps, config.quick_memory = 3, 3, True
     if args.models:
         config.models = args.models
+    elif args.per_tensor:
+        config.models = []  # --per-tensor alone: only that measurement
     if args.variants:
         config.variants = args.variants
     if args.steps:
@@ -1240,9 +1327,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f.write(json.dumps(report, indent=2, default=str) + "\n")
             os.replace(args.out + ".tmp", args.out)
 
-    report = run_benchmark(config, progress=write)
+    report = run_benchmark(config, progress=write) if config.models else {"meta": {}, "results": [], "targets": [], "skipped": [], "warnings": []}
+    if args.per_tensor:
+        report["per_tensor"] = measure_per_tensor(config.paths or default_paths())
     write(report)
-    text = format_report(report)
+    text = format_report(report) if report["results"] else ""
+    text += "\n".join(format_per_tensor(report.get("per_tensor", [])))
     payload = json.dumps(report, indent=2, default=str)
     if args.json:
         print(text, file=sys.stderr)

@@ -499,38 +499,42 @@ class _Step:
 
 
 class _HostHistograms(Mapping[int, _HostHistogram]):
-    """The histograms of a step by job index, kept as the arrays they arrived in: each
-    :class:`_HostHistogram` is made when asked for (on the dispatcher thread), not per tensor on
-    the training thread."""
+    """The histograms of a step by job index, kept as the arrays they arrived in: the
+    :class:`_HostHistogram` objects are made at the first look (on the dispatcher thread), all at
+    once, not one per tensor on the training thread."""
 
     def __init__(self, groups: list[tuple[_DeviceHistograms, np.ndarray, np.ndarray]]) -> None:
         self._groups = groups
-        self._where = {i: (k, g) for k, (h, _, _) in enumerate(groups) for g, i in enumerate(h.index)}
-        self._made: dict[int, _HostHistogram] = {}
+        self._made: dict[int, _HostHistogram] | None = None
+
+    def _all(self) -> dict[int, _HostHistogram]:
+        if self._made is None:
+            made = {}
+            for h, counts, extra in self._groups:
+                dtype = np.dtype(str(h.dtype).removeprefix("torch."))
+                for g, (i, row, sampled) in enumerate(zip(h.index, extra.tolist(), h.sampled, strict=True)):
+                    low, high, scale, data_low, data_high, binned, rejected, underflow, overflow = row
+                    made[i] = _HostHistogram(
+                        counts[g], low, high, scale, dtype, data_low, data_high,
+                        int(binned), int(rejected), int(underflow), int(overflow), sampled,
+                    )
+            self._made = made
+        return self._made
 
     def __getitem__(self, i: int) -> _HostHistogram:
-        made = self._made.get(i)
-        if made is None:
-            made = self._made[i] = self._make(i)
-        return made
-
-    def _make(self, i: int) -> _HostHistogram:
-        k, g = self._where[i]
-        h, counts, extra = self._groups[k]
-        low, high, scale, data_low, data_high, binned, rejected, underflow, overflow = extra[g].tolist()
-        return _HostHistogram(
-            counts[g], low, high, scale, np.dtype(str(h.dtype).removeprefix("torch.")), data_low, data_high,
-            int(binned), int(rejected), int(underflow), int(overflow), h.sampled[g],
-        )
+        return self._all()[i]
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._where)
+        return iter(self._all())
 
     def __len__(self) -> int:
-        return len(self._where)
+        return sum(len(h.index) for h, _, _ in self._groups)
 
-    def __contains__(self, i: object) -> bool:
-        return i in self._where
+    def keys(self):  # type: ignore[override]  # dict(self) and sorted(self) read the built dict directly
+        return self._all().keys()
+
+    def items(self):  # type: ignore[override]
+        return self._all().items()
 
 
 def _merge_workers(
