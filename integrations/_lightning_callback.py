@@ -229,7 +229,7 @@ class TensorLensCallbackBase:
         )
         self._runs_started += 1
         try:
-            taps = ModuleTaps(hook.capture, hook.warn_once)
+            taps = ModuleTaps(hook.capture, hook.warn_once, hook.dynamics)
             taps.add_root(pl_module)
             hook.add_source(taps)
             hook.set_mode(_STAGE_MODES.get(stage, ModeKeys.TRAIN))

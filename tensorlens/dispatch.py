@@ -128,7 +128,7 @@ class Dispatcher:
 
     def __init__(
         self, backends: Sequence[Backend], run: RunInfo, max_pending: int = 64,
-        build: Callable[[Any], StepRecord] | None = None,
+        build: Callable[[Any], StepRecord | None] | None = None,
     ) -> None:
         self._build = build
         self._channels = [_Channel(b, run, max_pending) for b in backends]
@@ -168,6 +168,8 @@ class Dispatcher:
                     continue
                 try:
                     record = item if isinstance(item, StepRecord) or self._build is None else self._build(item)
+                    if record is None:  # nothing to record (an epoch that saved no step)
+                        continue
                     for channel in self._channels:
                         channel.submit(record)
                 except Exception as err:  # a bug of ours must not take training down

@@ -61,11 +61,15 @@ class Hook(Recorder):
         resume: ``"never"`` (default: an existing run folder is an error; a derived run name
             moves on to ``-2``), ``"allow"`` or ``"must"`` continue a stored run, as in
             ``wandb.init``; see :mod:`tensorlens.store.runs`.
+        dynamics_config: what the ``dynamics`` collection records (a :class:`tl.DynamicsConfig`;
+            enable the collection with ``include_collections=[..., "dynamics"]``).
+        epoch_statistics: the statistics :meth:`end_epoch` aggregates: ``None`` (plain values,
+            ``l2`` and the dynamics), ``"all"``, or names such as ``["l2", "gradients/std"]``.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._taps = ModuleTaps(self.capture, self.warn_once)
+        self._taps = ModuleTaps(self.capture, self.warn_once, self.dynamics)
         self.add_source(self._taps)
         self._root_handles: list[RemovableHandle] = []
         self._hooked_roots: set[int] = set()  # ids of the modules whose forward marks a step

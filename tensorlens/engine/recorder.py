@@ -29,10 +29,12 @@ from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, RunInfo, active_run_name, resolve_backends
 from tensorlens.capture import summaries
 from tensorlens.collection import DEFAULT_KINDS, MODULE_KINDS, PARAMETER_KINDS, Collection, Kind, parameter_kind
-from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig
+from tensorlens.config import DynamicsConfig, HistogramConfig, ReductionConfig, SaveConfig
 from tensorlens.dispatch import BackendStats, Dispatcher
 from tensorlens.engine.assemble import HostStatistics, PendingStep, build_record
-from tensorlens.engine.jobs import ReducedPiece, TensorJob, reduce_now
+from tensorlens.engine.dynamics import Dynamics
+from tensorlens.engine.epochs import EpochAggregator, EpochEnd, check_epoch_statistics
+from tensorlens.engine.jobs import DerivedScalars, ReducedPiece, TensorJob, reduce_now
 from tensorlens.engine.pending import PendingCaptures
 from tensorlens.engine.plan import Planner
 from tensorlens.engine.step import StepStatistics
@@ -97,6 +99,8 @@ class Recorder:
         include_workers: str = "reduce",
         max_pending_steps: int = 64,
         resume: str = "never",
+        dynamics_config: DynamicsConfig | None = None,
+        epoch_statistics: Iterable[str] | str | None = None,
     ) -> None:
         if save_config is not None and not isinstance(save_config, SaveConfig):
             raise expected("save_config", "a tl.SaveConfig", save_config)
@@ -113,6 +117,9 @@ class Recorder:
         if out_dir is not None and not isinstance(out_dir, (str, bytes)) and not hasattr(out_dir, "__fspath__"):
             raise expected("out_dir", "None or a path", out_dir)
         runs.check_resume(resume)
+        if dynamics_config is not None and not isinstance(dynamics_config, DynamicsConfig):
+            raise expected("dynamics_config", "None or a tl.DynamicsConfig", dynamics_config)
+        chosen_epoch_statistics = check_epoch_statistics(epoch_statistics)
 
         self.planner = Planner(
             save_config or SaveConfig(),
@@ -133,7 +140,9 @@ class Recorder:
         self._backends = resolve_backends(backends, self.rank)
         self.run_name, self.run_dir, self.resumed = self._run_location(out_dir, run_name, resume)
         run = RunInfo(self.run_name, self.run_dir, self.rank, self.world_size, {"include_workers": include_workers})
-        self._dispatcher = Dispatcher(self._backends, run, max_pending=max_pending_steps, build=build_record)
+        # epoch aggregates are taken from the records on the dispatcher thread (see engine/epochs.py)
+        self._epochs = EpochAggregator(chosen_epoch_statistics, build_record, self.worker)
+        self._dispatcher = Dispatcher(self._backends, run, max_pending=max_pending_steps, build=self._epochs.build)
 
         self.global_step = 0  # optimizer steps taken (Lightning's global_step)
         self._mode_steps = dict.fromkeys(ModeKeys, 0)
@@ -148,6 +157,11 @@ class Recorder:
         self._pre_step: tuple[HostStatistics, list[ScalarEntry]] | None = None
         self._update_snapshot: list[tuple[str, torch.Tensor, torch.Tensor]] = []
         self._engine = StepStatistics()
+        #: The bookkeeping of the ``dynamics`` collection (module taps feed it; see engine/dynamics.py).
+        self.dynamics = Dynamics(
+            dynamics_config or DynamicsConfig(), self.planner, self.warn_once, lambda: self._mode,
+            lambda: not (self._paused or self._closed),
+        )
         native.prepare()  # compile the CPU kernel off the training thread, before the first saved step
         self._warned: set[str] = set()
         self._closed = False
@@ -246,6 +260,8 @@ class Recorder:
         ``module.training`` again."""
         self._check_open("set the mode")
         new = None if mode is None else ModeKeys.coerce(mode)
+        if new == ModeKeys.EPOCH:
+            raise expected("mode", "train, eval, predict or global (epoch records are made by end_epoch())", mode)
         if self._open_eval is not None and new != self._open_eval:
             self._close_eval_step()
         self._explicit_mode = new
@@ -414,9 +430,11 @@ class Recorder:
         mode = self._train_mode()
         self._mode = mode
         saving = self._saving(mode)
-        jobs = self._parameter_jobs(saving) + self._pending_jobs(saving, mode)
+        module_jobs, module_scalars = self._dynamics_of_modules(saving, mode)
+        jobs = self._parameter_jobs(saving) + self._pending_jobs(saving, mode) + module_jobs
         host_scalars = self._optimizer_scalars(optimizer, saving)
-        self._pre_step = (self._compute(jobs, saving), host_scalars)
+        self._pre_step = (self._compute(jobs, saving, module_scalars), host_scalars)
+        self._dynamics_before_update(saving, mode)
         if self.planner.with_kinds(saving, (Kind.UPDATES,)):
             self._update_snapshot = [
                 (name, p, _piece(p)[0].detach().clone()) for name, p in self._parameters()
@@ -515,8 +533,9 @@ class Recorder:
         mode = self._mode
         parts = [host]
         saving = self._saving(mode)
+        derived = self.dynamics.after_update(self._live_reducer(saving), self.rank)
         # "reduce": on a saved step every rank computes, whatever it holds, so collectives match
-        if self._update_snapshot or self._pending.has_explicit(mode) or (self._reducer is not None and saving):
+        if self._update_snapshot or self._pending.has_explicit(mode) or (self._reducer is not None and saving) or derived is not None:
             jobs = []
             for name, param, before in self._update_snapshot:
                 after, sharded = _piece(param)
@@ -527,11 +546,11 @@ class Recorder:
             # save_tensor between prepare_step and step belongs to the step being closed
             # (Lightning: gradients after clipping, read once the optimizer has stepped)
             jobs += self._pending_jobs(saving, mode)
-            parts.append(self._compute(jobs, saving))
+            parts.append(self._compute(jobs, saving, derived))
         self._submit(mode, self._mode_steps[mode], parts, host_scalars)
         self._advance(mode)
 
-    def _compute(self, jobs: list[TensorJob], saving: frozenset[str]) -> HostStatistics:
+    def _compute(self, jobs: list[TensorJob], saving: frozenset[str], derived: DerivedScalars | None = None) -> HostStatistics:
         """Statistics of one step's jobs; under ``include_workers="reduce"`` merged across ranks.
 
         Collectives are made only on steps that save something: ``saving`` is the same on every
@@ -539,10 +558,15 @@ class Recorder:
         ranks first agree on the union of their jobs, so a module called on one rank only, or a
         different number of times, cannot hang them.
         """
+        reducer = self._live_reducer(saving)
+        if reducer is None:
+            return self._engine.compute(jobs, None, warn=self.warn_once, derived=derived)
+        return self._engine.compute(reducer.agree_jobs(jobs), reducer, warn=self.warn_once, derived=derived)
+
+    def _live_reducer(self, saving: frozenset[str]) -> Any:
+        """The cross-rank reducer on a saved step while the process group lives, else ``None``."""
         reducer = self._reducer
-        if reducer is None or not saving or not getattr(reducer, "active", True):
-            return self._engine.compute(jobs, None, warn=self.warn_once)
-        return self._engine.compute(reducer.agree_jobs(jobs), reducer, warn=self.warn_once)
+        return reducer if reducer is not None and saving and getattr(reducer, "active", True) else None
 
     def _advance(self, mode: ModeKeys) -> None:
         self.global_step += 1
@@ -563,9 +587,10 @@ class Recorder:
         if mode is None:
             return
         saving = self._saving(mode)
-        jobs = self._pending_jobs(saving, mode)
-        if jobs or (self._reducer is not None and saving):  # "reduce": every rank, for the collectives
-            self._submit(mode, self._mode_steps[mode], [self._compute(jobs, saving)], [])
+        module_jobs, module_scalars = self._dynamics_of_modules(saving, mode)
+        jobs = self._pending_jobs(saving, mode) + module_jobs
+        if jobs or module_scalars is not None or (self._reducer is not None and saving):  # "reduce": every rank, for the collectives
+            self._submit(mode, self._mode_steps[mode], [self._compute(jobs, saving, module_scalars)], [])
         self._mode_steps[mode] += 1
         self._detach_sources()
 
@@ -577,6 +602,56 @@ class Recorder:
         self._dispatcher.submit(
             PendingStep(self.global_step, mode, mode_step, self.worker, time.time(), list(host_scalars), parts)
         )
+
+    # ------------------------------------------------------------------ training dynamics and epochs
+
+    def _dynamics_before_update(self, saving: frozenset[str], mode: ModeKeys) -> None:
+        """Read what the ``dynamics`` collection needs before the optimizer step: on a saved step
+        and on the step before one (the previous gradient and update for the cosines)."""
+        next_saves = (
+            self.planner.is_enabled(Kind.DYNAMICS)
+            and bool(self._saving_any_rank())
+            and self.planner.saves(Kind.DYNAMICS, mode, self._mode_steps[mode] + 1)
+        )
+        self.dynamics.before_update(self._parameters, self.global_step, Kind.DYNAMICS in saving, next_saves, _piece)
+
+    def _saving_any_rank(self) -> bool:
+        return not (self.world_size > 1 and self.include_workers == "one" and self.rank != 0)
+
+    def _dynamics_of_modules(self, saving: frozenset[str], mode: ModeKeys) -> tuple[list[TensorJob], DerivedScalars | None]:
+        """The module statistics of ``dynamics`` captured in ``mode`` (dead units, per-sample
+        norms); under ``include_workers="reduce"`` summed across ranks (a collective)."""
+        if Kind.DYNAMICS not in saving or not self.dynamics.config.module_statistics:
+            self.dynamics.drop_captures(mode)
+            return [], None
+        return self.dynamics.module_results(mode, self._live_reducer(saving))
+
+    def read_clipped_gradients(self) -> None:
+        """Read the gradients again after clipping, between :meth:`prepare_step` and :meth:`step`
+        (the Lightning callback does it with ``record_clipped_gradients``):
+        ``dynamics/global`` then also holds ``grad_norm_clipped``."""
+        self._check_open("read clipped gradients")
+        self.dynamics.read_clipped(self._parameters(), _piece)
+
+    def end_epoch(self, epoch: int | None = None) -> None:
+        """Close an epoch: record the mean, min, max and std of the chosen statistics
+        (``epoch_statistics``) across the train steps saved since the last ``end_epoch``, under
+        ``epochs/<collection>/<tensor>`` with statistics ``<stat>_mean``, ``<stat>_min``, ...,
+        in a record of mode ``epoch`` whose mode step is ``epoch`` (default: one more than the
+        last). Lightning's callback calls it at ``on_train_epoch_end``.
+
+        >>> hook.end_epoch()                                                            # doctest: +SKIP
+        >>> run.tensor("epochs/gradients/fc1.weight").reduction_value(step=0, name="l2_mean")  # doctest: +SKIP
+        """
+        self._check_open("end an epoch")
+        if epoch is None:
+            epoch = self._mode_steps[ModeKeys.EPOCH]
+        elif isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise expected("epoch", "None or an integer >= 0", epoch)
+        self._mode_steps[ModeKeys.EPOCH] = epoch + 1
+        if self.world_size > 1 and self.include_workers != "all" and self.rank != 0:
+            return  # as for steps: rank 0 records (the statistics it aggregates are the merged ones)
+        self._dispatcher.submit(EpochEnd(self.global_step, epoch, self.worker, time.time()))
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -630,6 +705,7 @@ class Recorder:
         self._closed = True
         self._detach_sources()
         self._pending.clear()
+        self.dynamics.release()
         summaries.deactivate(self)
         self._dispatcher.close()
         self._engine.release()

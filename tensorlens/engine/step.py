@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from tensorlens.engine.assemble import HostStatistics, _HostHistogram, _JobMeta
-from tensorlens.engine.jobs import ReducedPiece, TensorJob, WorkerReducer, reduce_now, reduce_plan
+from tensorlens.engine.jobs import DerivedScalars, ReducedPiece, TensorJob, WorkerReducer, reduce_now, reduce_plan
 from tensorlens.stats import native
 from tensorlens.stats.histogram import (
     histogram_counts,
@@ -152,23 +152,28 @@ class StepStatistics:
         return tensor.cpu().numpy()
 
     def compute(
-        self, jobs: Sequence[TensorJob], reducer: WorkerReducer | None = None, warn: Callable[[str], None] | None = None
+        self, jobs: Sequence[TensorJob], reducer: WorkerReducer | None = None, warn: Callable[[str], None] | None = None,
+        derived: DerivedScalars | None = None,
     ) -> HostStatistics:
-        """Statistics of ``jobs``. A tensor that cannot be summarised costs only itself: it is
-        left out of the result with one warning naming it (``warn``), never the step."""
+        """Statistics of ``jobs`` (and the ``derived`` values, in the same host copy). A tensor
+        that cannot be summarised costs only itself: it is left out of the result with one
+        warning naming it (``warn``), never the step."""
         jobs, failed = self._isolate(jobs, warn)
         if reducer is not None:
             # every rank must make the same collectives: a failed job keeps its place with an
             # empty piece, then leaves the result
-            host = self._compute(jobs, reducer)
+            host = self._compute(jobs, reducer, derived)
         else:
             try:
-                host = self._compute(jobs, None)
+                host = self._compute(jobs, None, derived)
             except Exception:
                 if len(jobs) - len(failed) < 2:
                     raise
                 # a batched op failed on one tensor: find it, so the others are still recorded
-                return self._one_by_one([job for i, job in enumerate(jobs) if i not in failed], warn)
+                host = self._one_by_one([job for i, job in enumerate(jobs) if i not in failed], warn)
+                if derived is not None:
+                    host.derived_names, host.derived_values = derived.names, self._to_host(derived.values)
+                return host
         return host.without(failed) if failed else host
 
     def _isolate(self, jobs: Sequence[TensorJob], warn: Callable[[str], None] | None) -> tuple[list[TensorJob], set[int]]:
@@ -194,7 +199,7 @@ class StepStatistics:
                 _warn(warn, job.name, err)
         return HostStatistics.concat(parts)
 
-    def _compute(self, jobs: Sequence[TensorJob], reducer: WorkerReducer | None) -> HostStatistics:
+    def _compute(self, jobs: Sequence[TensorJob], reducer: WorkerReducer | None, derived: DerivedScalars | None = None) -> HostStatistics:
         metas = [
             _JobMeta(
                 job.name,
@@ -208,7 +213,10 @@ class StepStatistics:
             for job in jobs
         ]
         if not jobs:
-            return HostStatistics(metas, np.zeros((0, len(PARTIALS))), {}, {})
+            host = HostStatistics(metas, np.zeros((0, len(PARTIALS))), {}, {})
+            if derived is not None:
+                host.derived_names, host.derived_values = derived.names, self._to_host(derived.values)
+            return host
         values = [self._values(job) for job in jobs]
         device = values[0].device
         values = [v if v.device == device else v.to(device) for v in values]
@@ -222,7 +230,7 @@ class StepStatistics:
         device_hists = self._histograms(
             hist_index, values, metas, rows[:, COL["min"]], rows[:, COL["max"]], None, partitioned, reducer, gathered
         )
-        host_rows, host_hists = self._copy(rows, device_hists)
+        host_rows, host_hists, host_derived = self._copy(rows, device_hists, derived.values if derived is not None else None)
 
         # Second pass, only for tensors holding NaN/Inf (sum, min and max reveal them).
         nonempty = host_rows[:, COL["count"]] > 0
@@ -268,7 +276,7 @@ class StepStatistics:
             redo_hists += self._histograms(
                 [i for i in again if i not in shared_again], values, metas, lows, highs, masks, partitioned, None
             )
-            extra_rows, extra_hists = self._copy(counts, redo_hists)
+            extra_rows, extra_hists, _ = self._copy(counts, redo_hists)
             for j, i in enumerate(redo):
                 host_rows[i, COL["nan_count"]] = extra_rows[j, 0]
                 host_rows[i, COL["inf_count"]] = extra_rows[j, 1]
@@ -278,7 +286,10 @@ class StepStatistics:
             i: (job.raw if job.raw is not None else values[i]).reshape(_shape_of(job)).cpu().numpy().copy()
             for i, job in enumerate(jobs) if job.save_raw
         }
-        return HostStatistics(metas, host_rows, host_hists, raw)
+        host = HostStatistics(metas, host_rows, host_hists, raw)
+        if derived is not None:
+            host.derived_names, host.derived_values = derived.names, host_derived
+        return host
 
     def _rows(
         self, jobs: Sequence[TensorJob], values: list[torch.Tensor], metas: list[_JobMeta], reduced: list[int]
@@ -427,12 +438,17 @@ class StepStatistics:
         ]
         return _DeviceHistograms(members, torch.from_numpy(counts), torch.from_numpy(np.ascontiguousarray(extra)), sampled, dtype)
 
-    def _copy(self, rows: torch.Tensor, hists: list[_DeviceHistograms]) -> tuple[np.ndarray, dict[int, _HostHistogram]]:
-        """One device-to-host copy of ``rows`` and every histogram."""
+    def _copy(
+        self, rows: torch.Tensor, hists: list[_DeviceHistograms], derived: torch.Tensor | None = None
+    ) -> tuple[np.ndarray, dict[int, _HostHistogram], np.ndarray]:
+        """One device-to-host copy of ``rows``, every histogram and the ``derived`` values."""
         parts = [rows.reshape(-1).to(torch.float64)]
         for h in hists:
             parts += [h.counts.reshape(-1).to(torch.float64), h.extra.reshape(-1)]
+        if derived is not None:
+            parts.append(derived.to(device=rows.device, dtype=torch.float64).reshape(-1))
         flat = self._to_host(torch.cat(parts))
+        host_derived = flat[len(flat) - derived.numel():].copy() if derived is not None else np.zeros(0)
         n_rows = rows.numel()
         host_rows = flat[:n_rows].reshape(rows.shape).copy()
         out: dict[int, _HostHistogram] = {}
@@ -450,7 +466,7 @@ class StepStatistics:
                     counts[g].copy(), float(low), float(high), float(scale), dtype, float(data_low), float(data_high),
                     int(binned), int(rejected), int(underflow), int(overflow), h.sampled[g],
                 )
-        return host_rows, out
+        return host_rows, out, host_derived
 
 
 def _merge_workers(

@@ -269,6 +269,10 @@ _JOIN = (
 )
 
 
+#: The collection of epoch aggregates (:mod:`tensorlens.engine.epochs`), read by epoch.
+EPOCHS_COLLECTION = "epochs"
+
+
 def _where(step: int | None, mode: ModeKeys | str | None, worker: str | None) -> tuple[str, tuple[Any, ...]]:
     """A condition on the steps table ``st``: one step (or every step when ``step`` is None)."""
     if mode is None:
@@ -290,16 +294,26 @@ def _scalar(data: bytes, position: int) -> float:
 
 
 class TensorView:
-    """One tensor's series of statistics, histograms and raw values."""
+    """One tensor's series of statistics, histograms and raw values.
+
+    Epoch aggregates (``epochs/...``, recorded by ``hook.end_epoch()``) are read by epoch:
+    ``run.tensor("epochs/gradients/fc1.weight").reduction_value(step=3, name="l2_mean")`` is
+    epoch 3 (their records have mode ``epoch`` and the epoch as mode step).
+    """
 
     def __init__(self, run: Run, name: str) -> None:
         self.run = run
         self.name = name
+        self._default_mode = ModeKeys.EPOCH if name.startswith(f"{EPOCHS_COLLECTION}/") else None
+
+    def _mode(self, mode: ModeKeys | str | None) -> ModeKeys | str | None:
+        return self._default_mode if mode is None else mode
 
     def __repr__(self) -> str:
         return f"TensorView({self.name!r})"
 
     def steps(self, mode: ModeKeys | str | None = None) -> list[int]:
+        mode = self._mode(mode)
         column = "step" if mode is None else "mode_step"
         clause, args = _where(None, mode, None)
         found = set()
@@ -320,6 +334,7 @@ class TensorView:
     ) -> float:
         """One statistic at one step. ``abs=True`` reads ``abs_<name>``. With ``mode``, ``step`` is the mode step."""
         stat = f"abs_{name}" if abs and not name.startswith("abs_") else name
+        mode = self._mode(mode)
         where, args = _where(step, mode, worker)
         query = f"SELECT t.layout, t.data {_JOIN.format(table='scalars')} WHERE {where}"
         for k, (layout_id, data) in self.run._rows(query, args):
@@ -331,6 +346,7 @@ class TensorView:
     def reduction_values(self, name: str, abs: bool = False, mode: ModeKeys | str | None = None, worker: str | None = None) -> dict[int, float]:
         """``{step: value}`` of one statistic over the whole run."""
         stat = f"abs_{name}" if abs and not name.startswith("abs_") else name
+        mode = self._mode(mode)
         column = "step" if mode is None else "mode_step"
         clause, args = _where(None, mode, worker)
         query = f"SELECT st.{column}, t.layout, t.data {_JOIN.format(table='scalars')} WHERE {clause}"
@@ -354,7 +370,7 @@ class TensorView:
         return counts, edges
 
     def histogram_with_info(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-        where, args = _where(step, mode, worker)
+        where, args = _where(step, self._mode(mode), worker)
         query = f"SELECT t.layout, t.counts, t.edges, t.info {_JOIN.format(table='histograms')} WHERE {where}"
         for k, (layout_id, counts, edges, info) in self.run._rows(query, args):
             found = self.run._layout(k, layout_id).histogram_index.get(self.name)
