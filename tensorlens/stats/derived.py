@@ -188,7 +188,7 @@ def global_dynamics(partials: torch.Tensor, rows: Mapping[str, Sequence[int]]) -
 
 def unit_axis(ndim: int, channel_last: bool) -> int | None:
     """The feature axis of an output with ``ndim`` dimensions: ``-1`` channel-last, ``1``
-    channel-first; ``None`` for a 0-d or 1-d output (each sample is one unit)."""
+    channel-first; ``None`` for a 0-d or 1-d output (one unit, seen once per sample)."""
     if ndim < 2:
         return None
     return -1 if channel_last else 1
@@ -203,7 +203,7 @@ def unit_activity(output: torch.Tensor, channel_last: bool, threshold: float = 0
     (tensor([0, 2]), 2)
     """
     y = output.detach()
-    active = y.abs() > threshold if threshold > 0.0 else y != 0
+    active = y.abs() > threshold  # NaN compares False: inactive, as in monitorch
     axis = unit_axis(y.dim(), channel_last)
     if axis is None:
         return active.reshape(-1).sum().reshape(1), max(1, y.numel())
