@@ -595,7 +595,7 @@ class Recorder:
         self._detach_sources()
 
     def _submit(self, mode: ModeKeys, mode_step: int, parts: list[HostStatistics], host_scalars: list[ScalarEntry]) -> None:
-        if not any(p.jobs for p in parts) and not host_scalars:
+        if not any(p.jobs or p.derived_names for p in parts) and not host_scalars:
             return
         if self.world_size > 1 and self.include_workers != "all" and self.rank != 0:
             return  # "reduce": every rank holds the same merged statistics, rank 0 records them
