@@ -182,10 +182,19 @@ VARIANTS: dict[str, VariantSpec] = {
         VariantSpec("wandb_all_every_100", 'wandb.watch(log="all", log_freq=100)', "wandb", 100),
         # opt-in: every value binned (HistogramConfig(sample=None)), to price exact histograms
         VariantSpec("tl_full_exact_every_step", "tl full + exact 64-bin hist, every step", "tensorlens", 1),
+        # the dynamics collection alone (tl.watch(dynamics=True, collections=["dynamics"])): update
+        # ratios, cosines (their copies every step), global norms, unit statistics, io_grad norms
+        VariantSpec("tl_dynamics_every_step", "tl dynamics only, every step", "tensorlens", 1),
+        # the same every 100 steps: steps 99, 199, ... copy the gradient and the update for the cosines
+        VariantSpec("tl_dynamics_every_100", "tl dynamics only, every 100", "tensorlens", 100),
+        # the full collections and the dynamics together
+        VariantSpec("tl_full_dynamics_every_step", "tl full + dynamics, every step", "tensorlens", 1),
     )
 }
 #: What a run measures unless ``--variants`` says otherwise.
-DEFAULT_VARIANTS = tuple(name for name in VARIANTS if name != "tl_full_exact_every_step")
+DEFAULT_VARIANTS = tuple(
+    name for name in VARIANTS if name not in ("tl_full_exact_every_step", "tl_dynamics_every_100", "tl_full_dynamics_every_step")
+)
 
 
 class Instrument:
@@ -215,6 +224,16 @@ class TensorlensInstrument(Instrument):
             self.hook = tl.watch(model, backends=["local"], out_dir=out_dir)
         elif spec.name == "tl_watch_all_every_step":
             self.hook = tl.watch(model, log="all", log_freq=1, backends=["local"], out_dir=out_dir)
+        elif "dynamics" in spec.name:
+            self.hook = tl.watch(
+                model,
+                collections=[*(FULL_COLLECTIONS if "full" in spec.name else ()), "dynamics"],
+                dynamics=True,
+                save_interval=spec.save_interval or 1,
+                histograms=tl.HistogramConfig(bins=64),
+                backends=["local"],
+                out_dir=out_dir,
+            )
         else:
             # bins=64 with the version's default sampling, or every value for the "exact" variant
             histograms = tl.HistogramConfig(bins=64, sample=None) if "exact" in spec.name else tl.HistogramConfig(bins=64)

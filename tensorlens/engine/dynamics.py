@@ -28,6 +28,7 @@ one host copy.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -117,6 +118,7 @@ class Dynamics:
         self._init: dict[int, torch.Tensor] | None = None
         self._prev: _Previous | None = None
         self._step: _Step | None = None
+        self._counting: _Step | None = None  # the saved step whose NaN/Inf may need counting
         self._units: dict[tuple[ModeKeys, str], _Units] = {}
         self._grad_norms: dict[tuple[ModeKeys, str, str], list[torch.Tensor]] = {}
 
@@ -197,9 +199,13 @@ class Dynamics:
         at = [i for i, g in enumerate(grads) if g is not None]
         if at:
             index = torch.tensor(at, device=device)
-            with_grad = [grads[i] for i in at]
-            partials[index, PARTIAL["grad_sq"]] = derived.squared_norms(with_grad).to(device)
-            partials[index, PARTIAL["grad_nonfinite"]] = derived.nonfinite_counts(with_grad).to(device)
+            grad_sq = derived.squared_norms([grads[i] for i in at]).to(device)
+            partials[index, PARTIAL["grad_sq"]] = grad_sq
+            # a finite sum of squares means no NaN/Inf; otherwise NaN: counted exactly once the
+            # step is on the host and shows one (complete_nonfinite), as the engine does for NaN
+            partials[index, PARTIAL["grad_nonfinite"]] = torch.where(
+                torch.isfinite(grad_sq), torch.zeros_like(grad_sq), torch.full_like(grad_sq, math.nan)
+            )
         cos = [i for i, ok in enumerate(has["grad_cosine"]) if ok]
         if cos and prev is not None:
             index = torch.tensor(cos, device=device)
@@ -252,7 +258,26 @@ class Dynamics:
         clipped = state.clipped.reshape(1).to(device) if state.clipped is not None else None
         if reducer is not None and any(state.sharded):
             partials, clipped = self._merge(partials, clipped, state.sharded, reducer, rank)
+        self._counting = state
         return self._parameter_scalars(state, partials, clipped)
+
+    def complete_nonfinite(self, host: Any, reducer: Any, rank: int, to_host: Callable[[torch.Tensor], Any]) -> None:
+        """After the step's host copy: when the global gradient norm is not finite, count the
+        NaN/Inf gradient values exactly (a second, small pass and copy, on such steps only).
+        ``host`` is the step's :class:`~tensorlens.engine.assemble.HostStatistics`; with
+        ``reducer`` a collective, which every rank makes (their merged norms agree)."""
+        state, self._counting = self._counting, None
+        if state is None or (GLOBAL, "grad_nonfinite_count") not in host.derived_names:
+            return
+        at = host.derived_names.index((GLOBAL, "grad_nonfinite_count"))
+        if math.isfinite(float(host.derived_values[at])):
+            return
+        rows = [i for i, p in enumerate(state.params) if p.grad is not None]
+        grads = [state.piece(state.params[i].grad)[0] for i in rows]
+        counts = derived.nonfinite_counts(grads).to(grads[0].device).reshape(-1, 1)
+        if reducer is not None and any(state.sharded):
+            counts, _ = self._merge(counts, None, [state.sharded[i] for i in rows], reducer, rank)
+        host.derived_values[at] = float(to_host(counts.sum().reshape(1))[0])
 
     @staticmethod
     def _merge(
@@ -428,4 +453,5 @@ class Dynamics:
         self._init = None
         self._prev = None
         self._step = None
+        self._counting = None
         self.drop_captures()

@@ -547,6 +547,8 @@ class Recorder:
             # (Lightning: gradients after clipping, read once the optimizer has stepped)
             jobs += self._pending_jobs(saving, mode)
             parts.append(self._compute(jobs, saving, derived))
+            if derived is not None:
+                self.dynamics.complete_nonfinite(parts[-1], self._live_reducer(saving), self.rank, self._to_host)
         self._submit(mode, self._mode_steps[mode], parts, host_scalars)
         self._advance(mode)
 
@@ -625,6 +627,10 @@ class Recorder:
             self.dynamics.drop_captures(mode)
             return [], None
         return self.dynamics.module_results(mode, self._live_reducer(saving))
+
+    def _to_host(self, tensor: torch.Tensor) -> Any:
+        self._engine.host_copies += 1  # a second, small copy: counted like the engine's NaN pass
+        return tensor.cpu().numpy()
 
     def read_clipped_gradients(self) -> None:
         """Read the gradients again after clipping, between :meth:`prepare_step` and :meth:`step`

@@ -72,8 +72,9 @@ def _flat(tensor: torch.Tensor) -> torch.Tensor:
 def dot_products(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> torch.Tensor:
     """``[sum(a_i * b_i) for i]`` as float64 ``[N]`` on the tensors' device, without a host sync.
 
-    Products are taken in the tensors' compute dtype (float32 for half precision) and summed in
-    float64: small tensors in one batched buffer, large ones with a pairwise sum each.
+    Small tensors are summed in float64 in one batched buffer; large ones with PyTorch's pairwise
+    (cascade) sum in their compute dtype (float32 for half precision: ~1e-8 relative error at
+    millions of values; a float64 accumulation of float32 values is ~100x slower on the CPU).
 
     >>> dot_products([torch.ones(3)], [torch.arange(3.0)])
     tensor([3.], dtype=torch.float64)
@@ -96,12 +97,12 @@ def dot_products(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> torch.
         if a[i].numel() > SMALL_TENSOR:
             x = _flat(a[i])
             if a[i] is b[i]:
-                out[i] = x.square().sum(dtype=torch.float64)
+                out[i] = x.square().sum()
                 continue
             y = _flat(b[i]).to(x.device)
             if x.dtype != y.dtype:
                 x, y = x.to(torch.float64), y.to(torch.float64)
-            out[i] = (x * y).sum(dtype=torch.float64)
+            out[i] = (x * y).sum()
     return out
 
 
