@@ -87,7 +87,7 @@ class _Units:
     """Per-unit activity of one module output over the calls of a step."""
 
     module: str
-    counts: torch.Tensor | None = None  # int64 [F]
+    counts: torch.Tensor | None = None  # [F], whole numbers as floats
     positions: int = 0
     saturated: torch.Tensor | None = None  # int64 0-d
     values: int = 0

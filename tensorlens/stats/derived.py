@@ -197,11 +197,12 @@ def unit_axis(ndim: int, channel_last: bool) -> int | None:
 
 def unit_activity(output: torch.Tensor, channel_last: bool, threshold: float = 0.0) -> tuple[torch.Tensor, int]:
     """``(counts, positions)``: for each unit (feature/channel) the number of positions (samples,
-    and spatial or sequence positions) where ``|y| > threshold``, int64 ``[F]``, and the number of
-    positions per unit. monitorch's activation rate is ``counts / positions``; NaN is inactive.
+    and spatial or sequence positions) where ``|y| > threshold`` (``[F]``, whole numbers held as
+    floats), and the number of positions per unit. monitorch's activation rate is
+    ``counts / positions``; NaN is inactive.
 
     >>> unit_activity(torch.tensor([[0.0, 1.0], [0.0, -2.0]]), channel_last=True)
-    (tensor([0, 2]), 2)
+    (tensor([0., 2.]), 2)
     """
     y = output.detach()
     active = y.abs() > threshold  # NaN compares False: inactive, as in monitorch
@@ -209,9 +210,15 @@ def unit_activity(output: torch.Tensor, channel_last: bool, threshold: float = 0
     if axis is None:
         return active.reshape(-1).sum().reshape(1), max(1, y.numel())
     units = y.shape[axis]
-    dims = [d for d in range(y.dim()) if d != axis % y.dim()]
     positions = y.numel() // units if units else 0
-    return active.sum(dim=dims), positions
+    # counts as floats, exact below 2**24 (float32) / 2**53: a sum over the leading axis of a bool
+    # tensor is a slow strided reduction on the CPU, a matrix-vector product is not
+    dtype = torch.float32 if positions < 2**24 else torch.float64
+    if axis == -1:
+        flat = active.reshape(positions, units).to(dtype)
+        return torch.ones(positions, dtype=dtype, device=y.device) @ flat, positions
+    per_sample = active.reshape(y.shape[0], units, -1).to(dtype).sum(dim=2)  # innermost first: contiguous
+    return per_sample.sum(dim=0), positions
 
 
 def unit_statistics(counts: torch.Tensor, positions: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -247,7 +254,8 @@ def sample_norms(tensor: torch.Tensor, normalize: bool = False) -> torch.Tensor 
     flat = t.reshape(t.shape[0], -1)
     if flat.is_complex():
         flat = flat.abs()
-    norms = torch.linalg.vector_norm(flat, dim=1, dtype=torch.float64)
+    # in float64 (converting first is several times faster than vector_norm's dtype= on the CPU)
+    norms = torch.linalg.vector_norm(flat.to(torch.float64), dim=1)
     if normalize and flat.shape[1] > 0:
         norms = norms / math.sqrt(flat.shape[1])
     return norms
