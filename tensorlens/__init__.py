@@ -13,7 +13,7 @@ from tensorlens.backends.memory import MemoryBackend
 from tensorlens.capture.hook import Hook
 from tensorlens.capture.summaries import summarize_scalar, summarize_tensor
 from tensorlens.collection import Collection, Kind
-from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig, SaveConfigMode
+from tensorlens.config import DynamicsConfig, HistogramConfig, ReductionConfig, SaveConfig, SaveConfigMode
 from tensorlens.engine.recorder import Recorder
 from tensorlens.file_limit import setup
 from tensorlens.modes import ModeKeys
@@ -26,6 +26,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Backend",
     "Collection",
+    "DynamicsConfig",
     "HistogramConfig",
     "HistogramEntry",
     "Hook",

@@ -395,9 +395,10 @@ def _wants_grad(value: Any) -> bool:
 class ModuleTaps:
     """The modules a recorder watches (a :class:`~tensorlens.engine.recorder.TensorSource`): it
     reads their parameters and, on saved steps, captures their activations, inputs and output
-    gradients through :class:`ModuleCapture`.
+    gradients through :class:`ModuleCapture`, and reads what the ``dynamics`` collection needs
+    from the same modules (``dynamics``: the recorder's :class:`~tensorlens.engine.dynamics.Dynamics`).
 
-    >>> taps = ModuleTaps(recorder.capture, recorder.warn_once)   # doctest: +SKIP
+    >>> taps = ModuleTaps(recorder.capture, recorder.warn_once, recorder.dynamics)   # doctest: +SKIP
     >>> taps.add_root(model); recorder.add_source(taps)           # doctest: +SKIP
     """
 

@@ -430,10 +430,9 @@ class Recorder:
         mode = self._train_mode()
         self._mode = mode
         saving = self._saving(mode)
-        module_jobs, module_scalars = self._dynamics_of_modules(saving, mode)
-        jobs = self._parameter_jobs(saving) + self._pending_jobs(saving, mode) + module_jobs
+        jobs = self._parameter_jobs(saving) + self._pending_jobs(saving, mode)
         host_scalars = self._optimizer_scalars(optimizer, saving)
-        self._pre_step = (self._compute(jobs, saving, module_scalars), host_scalars)
+        self._pre_step = (self._compute(jobs, saving), host_scalars)
         self._dynamics_before_update(saving, mode)
         if self.planner.with_kinds(saving, (Kind.UPDATES,)):
             self._update_snapshot = [
@@ -533,10 +532,11 @@ class Recorder:
         mode = self._mode
         parts = [host]
         saving = self._saving(mode)
-        derived = self.dynamics.after_update(self._live_reducer(saving), self.rank)
+        # dynamics join the updates' part: with them alone a saved step makes one host copy
+        jobs, module_scalars = self._dynamics_of_modules(saving, mode)
+        derived = DerivedScalars.concat([module_scalars, self.dynamics.after_update(self._live_reducer(saving), self.rank)])
         # "reduce": on a saved step every rank computes, whatever it holds, so collectives match
-        if self._update_snapshot or self._pending.has_explicit(mode) or (self._reducer is not None and saving) or derived is not None:
-            jobs = []
+        if self._update_snapshot or self._pending.has_explicit(mode) or (self._reducer is not None and saving) or derived is not None or jobs:
             for name, param, before in self._update_snapshot:
                 after, sharded = _piece(param)
                 delta = after.detach() - before

@@ -92,4 +92,4 @@ def test_callback_arguments_are_checked() -> None:
         callback_class(dynamics="yes")
     with pytest.raises(ValueError, match="Expected `epoch_statistics`"):
         callback_class(epoch_statistics=[1])
-    assert "dynamics" in callback_class(dynamics=tl.config.DynamicsConfig(units=False)).collections
+    assert "dynamics" in callback_class(dynamics=tl.DynamicsConfig(units=False)).collections
