@@ -177,11 +177,12 @@ def test_sample_norms_against_numpy_and_monitorch(shape: tuple[int, ...], normal
         lens.process_fw("m", torch.nn.Identity(), None, y)
         assert norms.mean().item() == pytest.approx(float(lens.value["m"][0]), rel=1e-12)
     assert derived.sample_norms(torch.tensor(3.0)) is None
-    # float32 values: norms accumulated in float64
-    y32 = y.float()
-    np.testing.assert_allclose(derived.sample_norms(y32, normalize).numpy(),
-                               np.linalg.norm(y32.double().numpy().reshape(shape[0], -1), axis=1) / (
-                                   math.sqrt(flat.shape[1]) if normalize else 1.0), rtol=1e-12)
+    # float32 values: short rows in float32, long ones (a 2**15-value sample) in float64
+    for values in (y.float(), torch.randn(3, 2, 2**14, generator=torch.Generator().manual_seed(6))):
+        rows = values.double().numpy().reshape(values.shape[0], -1)
+        want = np.linalg.norm(rows, axis=1) / (math.sqrt(rows.shape[1]) if normalize else 1.0)
+        rtol = 1e-6 if rows.shape[1] <= derived.FLOAT32_ROW else 1e-12
+        np.testing.assert_allclose(derived.sample_norms(values, normalize).numpy(), want, rtol=rtol)
 
 
 def test_running_moments_against_numpy() -> None:
