@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
@@ -174,8 +175,9 @@ class ModuleCapture:
         self._grad_handles: list[RemovableHandle] = []
         self._calls = 0  # forward calls of watched modules so far (composite detection)
         self._starts: list[int] = []
-        # id(output) -> whether it is channel-first, for the modules that read it next (cleared at detach)
-        self._channel_first: dict[int, bool] = {}
+        # id(output) -> (the output, whether it is channel-first), for the modules that read it next
+        # (weak: an id may be reused once the tensor is gone; cleared at detach)
+        self._channel_first: dict[int, tuple[weakref.ref[torch.Tensor], bool]] = {}
         self._warned_dynamics = False
 
     @property
@@ -297,15 +299,13 @@ class ModuleCapture:
                 return
             compiled = compiling()
             try:
-                source = None
-                if not compiled and args and isinstance(args[0], torch.Tensor):
-                    source = self._channel_first.get(id(args[0]))
+                source = self._layout_of(args[0]) if not compiled and args and isinstance(args[0], torch.Tensor) else None
                 for tensor_name, tensor in named_tensors(output, name):
                     channel_last = hints.decide(tensor, source)
                     sink.add_output(name, tensor_name, tensor, channel_last, hints.bounds)
                     if compiled:
                         continue
-                    self._channel_first[id(tensor)] = not channel_last
+                    self._channel_first[id(tensor)] = (weakref.ref(tensor), not channel_last)
                     if hints.grads and tensor.requires_grad:
                         self._grad_handles.append(tensor.register_hook(self._norm_hook("activation_gradients", name, tensor_name)))
                 if hints.grads and not compiled and getattr(module, "inplace", False) is True:
@@ -334,15 +334,18 @@ class ModuleCapture:
             if compiling() or _skip_call() or not torch.is_grad_enabled() or getattr(module, "inplace", False) is True:
                 return None
             try:
+                # one view per input tensor, however often it is passed: a module that checks
+                # `query is key` (attention) takes the same path as without tensorlens
+                views: dict[int, torch.Tensor] = {}
                 new_args, changed = list(args), False
                 for i, value in enumerate(args):
                     if _wants_grad(value):
-                        new_args[i] = self._hooked_view(value, name, f"{name}.{i}")
+                        new_args[i] = self._hooked_view(views, value, name, f"{name}.{i}")
                         changed = True
                 new_kwargs = dict(kwargs)
                 for key, value in kwargs.items():
                     if _wants_grad(value):
-                        new_kwargs[key] = self._hooked_view(value, name, f"{name}.{key}")
+                        new_kwargs[key] = self._hooked_view(views, value, name, f"{name}.{key}")
                         changed = True
             except Exception as err:
                 self._dynamics_failed(name, err)
@@ -351,12 +354,20 @@ class ModuleCapture:
 
         return pre_hook
 
-    def _hooked_view(self, tensor: torch.Tensor, module_name: str, name: str) -> torch.Tensor:
-        view = tensor.view_as(tensor)
+    def _hooked_view(self, views: dict[int, torch.Tensor], tensor: torch.Tensor, module_name: str, name: str) -> torch.Tensor:
+        if id(tensor) in views:
+            return views[id(tensor)]
+        view = views[id(tensor)] = tensor.view_as(tensor)
         self._grad_handles.append(view.register_hook(self._norm_hook("input_gradients", module_name, name)))
-        if id(tensor) in self._channel_first:  # the view is what the module reads
-            self._channel_first[id(view)] = self._channel_first[id(tensor)]
+        layout = self._layout_of(tensor)
+        if layout is not None:  # the view is what the module reads
+            self._channel_first[id(view)] = (weakref.ref(view), layout)
         return view
+
+    def _layout_of(self, tensor: torch.Tensor) -> bool | None:
+        """Whether ``tensor`` is a channel-first output of a module read before (``None``: unknown)."""
+        found = self._channel_first.get(id(tensor))
+        return found[1] if found is not None and found[0]() is tensor else None
 
     def _norm_hook(self, kind: str, module_name: str, name: str) -> Callable[[torch.Tensor | None], None]:
         sink = self._dynamics

@@ -379,3 +379,47 @@ def test_dynamics_follow_the_collection_save_config_and_patterns(tmp_path: Any) 
     assert "activations/fc2" in names[0] and "activations/fc1" not in names[0]
     assert not any(n.startswith("dynamics/") for n in names[1])  # not a step dynamics saves
     assert "dynamics/fc2.weight" in names[2]
+
+
+class _SameTwice(nn.Module):
+    """Checks identity the way attention does (``query is key``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[bool] = []
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        self.seen.append(q is k)
+        return q * k
+
+
+def test_a_tensor_passed_twice_stays_one_tensor_and_attention_is_unchanged(tmp_path: Any) -> None:
+    """The input views keep identities: a module checking ``q is k`` takes the same path, and an
+    attention module chosen by name computes bit for bit what it computes unwatched."""
+    torch.manual_seed(0)
+    same = _SameTwice()
+    attn = nn.MultiheadAttention(8, 2, batch_first=True)
+    twin = nn.MultiheadAttention(8, 2, batch_first=True)
+    twin.load_state_dict(attn.state_dict())
+    root = nn.ModuleDict({"same": same, "attn": attn})
+    mem = tl.MemoryBackend()
+    hook = tl.Hook(out_dir=str(tmp_path / "r"), backends=[mem], save_config=SaveConfig(save_interval=1), include_collections=["dynamics"])
+    hook.register_module(root)
+    hook.get_collection("dynamics").include(r"^(same|attn)$")
+    x = torch.randn(2, 5, 8, requires_grad=True)
+    hook.begin_step()
+    h = x * 2
+    out, _ = attn(h, h, h, need_weights=False)
+    h_twin = x.detach().clone().requires_grad_() * 2  # the same conditions, unwatched
+    reference, _ = twin(h_twin, h_twin, h_twin, need_weights=False)
+    (same(h, h).sum() + out.sum()).backward()
+    hook.step()
+    hook.close()
+    assert same.seen == [True]
+    assert torch.equal(out.detach(), reference.detach())
+    s = mem.records[0].scalar_dict()
+    # one view of h for both arguments: the gradient through the module of both uses together
+    grad = (2 * h).detach().reshape(2, -1)
+    assert s["input_gradients/same.0/sample_norm/mean"] == pytest.approx(torch.linalg.vector_norm(grad, dim=1).mean().item(), rel=1e-6)
+    assert "input_gradients/same.1/sample_norm/mean" not in s
+    assert "input_gradients/attn.0/sample_norm/mean" in s
