@@ -5,7 +5,7 @@ the ranks merge their partial statistics with collectives on the steps that are 
 records statistics of the global batch (activations) and of the replicated model (weights and
 gradients, which DDP has already averaged). Run it with::
 
-    python examples/ddp.py
+    python examples/ddp.py [RUN_DIR]      # default: a new temporary folder
 
 It needs no GPU and no tracker account and takes a few seconds.
 """
@@ -60,8 +60,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def main() -> None:
-    run_dir = os.path.join(tempfile.mkdtemp(prefix="tensorlens-ddp-"), "run")
+def main(run_dir: str | None = None) -> None:
+    run_dir = os.path.abspath(run_dir) if run_dir else os.path.join(tempfile.mkdtemp(prefix="tensorlens-ddp-"), "run")
     mp.spawn(train, args=(WORLD_SIZE, _free_port(), run_dir), nprocs=WORLD_SIZE, join=True)
 
     with tl.open_run(run_dir) as run:
@@ -82,4 +82,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(*sys.argv[1:2]))

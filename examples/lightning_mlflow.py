@@ -2,8 +2,10 @@
 
 No MLflow server: the tracking store is a local SQLite file. CPU, well under a minute.
 
-    python examples/lightning_mlflow.py                 # writes ./lightning_mlflow_demo/
-    mlflow ui --backend-store-uri sqlite:///lightning_mlflow_demo/mlflow.db   # to browse it
+    python examples/lightning_mlflow.py [OUT_DIR] [EPOCHS]    # default: examples/output/lightning_mlflow/
+    mlflow ui --backend-store-uri sqlite:///examples/output/lightning_mlflow/mlflow.db   # to browse it
+
+``examples/output/`` is ignored by git.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from torch import nn
 
 import tensorlens as tl
 from tensorlens.integrations.lightning import TensorLensCallback
+
+DEFAULT_OUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "output", "lightning_mlflow")
 
 
 class Classifier(L.LightningModule):
@@ -49,7 +53,7 @@ def data(n: int, seed: int) -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, (x @ teacher).argmax(1)), batch_size=64)
 
 
-def main(out_dir: str = "lightning_mlflow_demo") -> str:
+def main(out_dir: str = DEFAULT_OUT_DIR, max_epochs: int = 2) -> str:
     tl.setup()
     torch.manual_seed(0)
     out_dir = os.path.abspath(out_dir)
@@ -64,7 +68,7 @@ def main(out_dir: str = "lightning_mlflow_demo") -> str:
     # every 10 optimizer steps (and every 10th validation batch), with activations
     callback = TensorLensCallback(save_interval=10, activations=True)
     trainer = L.Trainer(
-        max_epochs=2,
+        max_epochs=max_epochs,
         accelerator="cpu",
         logger=logger,
         callbacks=[callback],
@@ -100,4 +104,4 @@ def main(out_dir: str = "lightning_mlflow_demo") -> str:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:2])
+    main(*sys.argv[1:2], *(int(a) for a in sys.argv[2:3]))

@@ -2,8 +2,10 @@
 
 Runs offline unless WANDB_MODE says otherwise (no account needed); CPU, well under a minute.
 
-    python examples/lightning_wandb.py                  # writes ./lightning_wandb_demo/
-    wandb sync lightning_wandb_demo/wandb/offline-run-*  # later, to upload it
+    python examples/lightning_wandb.py [OUT_DIR] [EPOCHS]    # default: examples/output/lightning_wandb/
+    wandb sync examples/output/lightning_wandb/wandb/offline-run-*  # later, to upload it
+
+``examples/output/`` is ignored by git.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from torch import nn  # noqa: E402
 
 import tensorlens as tl  # noqa: E402
 from tensorlens.integrations.lightning import TensorLensCallback  # noqa: E402
+
+DEFAULT_OUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "output", "lightning_wandb")
 
 
 class Classifier(L.LightningModule):
@@ -51,7 +55,7 @@ def data(n: int, seed: int) -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, (x @ teacher).argmax(1)), batch_size=64)
 
 
-def main(out_dir: str = "lightning_wandb_demo") -> str:
+def main(out_dir: str = DEFAULT_OUT_DIR, max_epochs: int = 2) -> str:
     tl.setup()  # raise the open-file limit before W&B starts
     torch.manual_seed(0)
     out_dir = os.path.abspath(out_dir)
@@ -60,7 +64,7 @@ def main(out_dir: str = "lightning_wandb_demo") -> str:
     # gradients are read before clipping; record_clipped_gradients also records them after it
     callback = TensorLensCallback(save_interval=10, activations=True, record_clipped_gradients=True)
     trainer = L.Trainer(
-        max_epochs=2,
+        max_epochs=max_epochs,
         accelerator="cpu",
         logger=logger,
         callbacks=[callback],
@@ -94,4 +98,4 @@ def main(out_dir: str = "lightning_wandb_demo") -> str:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:2])
+    main(*sys.argv[1:2], *(int(a) for a in sys.argv[2:3]))

@@ -113,6 +113,9 @@ class TensorLensCallbackBase:
         resume: ``"never"`` (default), ``"allow"`` or ``"must"``, as in :class:`tensorlens.Hook`.
             A later stage of the same callback (test after fit) and a trainer that restores a
             checkpoint continue their run folder by themselves.
+        rules: :mod:`tensorlens.rules` checked on every saved step in the background; a rule with
+            ``action="stop"`` sets ``trainer.should_stop`` at the end of the next training batch.
+            ``callback.hook.findings()`` lists what they found.
 
     Unsupported (fails in ``setup``/``on_fit_start`` with a message): more than one optimizer,
     and the DeepSpeed and FSDP (v1) strategies, whose gradients are not in ``param.grad``.
@@ -140,6 +143,7 @@ class TensorLensCallbackBase:
         resume: str = "never",
         dynamics: bool | DynamicsConfig = False,
         epoch_statistics: Sequence[str] | str | None = None,
+        rules: Sequence[Any] | None = None,
     ) -> None:
         super().__init__()
         # Eager checks: a typo fails when the callback is built, not minutes into training.
@@ -175,6 +179,10 @@ class TensorLensCallbackBase:
         if not isinstance(dynamics, (bool, DynamicsConfig)):
             raise expected("dynamics", "a bool or a tl.DynamicsConfig", dynamics)
         check_epoch_statistics(epoch_statistics)
+        if rules is not None:
+            from tensorlens.rules.online import RuleRunner
+
+            RuleRunner(rules)  # checks them now; each stage's recorder gets a runner of its own
 
         names = list(DEFAULT_KINDS) if collections is None else list(collections)
         if activations and "activations" not in names:
@@ -194,6 +202,7 @@ class TensorLensCallbackBase:
         self.resume = resume
         self.dynamics_config = dynamics if isinstance(dynamics, DynamicsConfig) else None
         self.epoch_statistics = epoch_statistics
+        self.rules = list(rules) if rules is not None else None
 
         #: The :class:`tensorlens.Recorder` of the current run, or of the last one once it has ended.
         self.hook: Recorder | None = None
@@ -247,6 +256,7 @@ class TensorLensCallbackBase:
             resume=resume,
             dynamics_config=self.dynamics_config,
             epoch_statistics=self.epoch_statistics,
+            rules=self.rules,
         )
         self._runs_started += 1
         try:
@@ -330,6 +340,12 @@ class TensorLensCallbackBase:
             hook.read_clipped_gradients()
         hook.step()
         self._prepared = False
+        if self.rules is not None:
+            stop = hook.should_stop  # a rule with action="stop" fired (rules run on rank 0 only)
+            if trainer.world_size > 1:  # every rank must leave at the same batch, or the others hang
+                stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
+            if stop:
+                trainer.should_stop = True
         if hook.global_step != trainer.global_step:
             self._sync(trainer, ModeKeys.TRAIN)
 

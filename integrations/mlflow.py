@@ -10,7 +10,10 @@ What reaches the MLflow run (``prefix="tensorlens"``):
 - the histograms themselves as compact JSON artifacts, one file per ``histogram_every`` saved
   steps holding every tensor (``tensorlens/histograms/<mode>/histograms-<first mode step>.json``);
 - at ``close()``, one PNG heatmap per tensor of its histogram over time
-  (``tensorlens/heatmaps/<mode>/<tensor>.png``), when matplotlib is installed.
+  (``tensorlens/heatmaps/<mode>/<tensor>.png``), when matplotlib is installed;
+- rule findings (:mod:`tensorlens.rules`): the tag ``tensorlens.rules.<rule>`` with the latest
+  message and the metric ``tensorlens/rules/<rule>``, the count of the rule's findings so far,
+  at each finding's step.
 
 Metric keys are made acceptable to MLflow by :func:`mlflow_metric_key` and kept unique by
 :class:`MetricKeyMapper`. ``mlflow`` itself is imported only when a backend is created.
@@ -44,10 +47,12 @@ import numpy as np
 
 from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, RunInfo
-from tensorlens.backends.keys import key_parts
+from tensorlens.backends.keys import PRIMARY_WORKERS, key_parts
 from tensorlens.backends.optional import import_optional, is_lightning_logger
+from tensorlens.findings import Finding
 from tensorlens.modes import ModeKeys
 from tensorlens.records import HistogramEntry, StepRecord
+from tensorlens.stats.registry import STATISTICS
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -55,6 +60,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_KEY_LENGTH",
     "QUANTILES",
+    "SERIES_SUFFIXES",
     "MLflowBackend",
     "MetricKeyMapper",
     "histogram_quantiles",
@@ -69,6 +75,8 @@ QUANTILES: tuple[tuple[str, float], ...] = (
 MAX_KEY_LENGTH = 250
 #: MLflow's stores and REST API reject more metrics in one ``log_batch`` request.
 MAX_METRICS_PER_BATCH = 1000
+#: MLflow's limit on a tag value (``MAX_TAG_VAL_LENGTH``).
+MAX_TAG_VALUE = 5000
 
 _HASH_LENGTH = 8
 # MLflow allows ``[/\w.\- :]`` but ``\w`` is Unicode and ``:`` is refused on Windows clients;
@@ -81,9 +89,11 @@ _MAX_PENDING_ASYNC = 32
 _HEATMAP_COLUMNS = 256
 _HEATMAP_ROWS = 100
 _HEATMAP_LOG_FLOOR = -4.0  # colours span fractions 1e-4 .. 1; smaller ones are drawn at the floor
-# close() draws heatmaps for at most this long: the dispatcher waits 60 s for a backend to close
+# close() draws heatmaps for at most this long (the dispatcher waits for a backend's close() until
+# its close timeout, 60 s by default)
 _HEATMAP_BUDGET_S = 30.0
-_PROBE_TIMEOUT_S = 10.0
+# a TCP connect to a live server takes far less; a dead host's connect would otherwise take minutes
+_PROBE_TIMEOUT_S = 5.0
 
 
 def _import_mlflow() -> Any:
@@ -127,45 +137,64 @@ def _short_hash(identity: str, length: int = _HASH_LENGTH) -> str:
     return hashlib.sha1(identity.encode("utf-8")).hexdigest()[:length]
 
 
+# A key ending like a hash suffix is never kept as it is, so no kept key can equal a hashed one.
+_LOOKS_HASHED = re.compile(r"-[0-9a-f]{8,}$")
+
+
 class MetricKeyMapper:
-    """Maps original keys to valid, unique MLflow metric keys, remembering every decision.
+    """Maps keys to valid MLflow metric keys, injectively and without memory of other keys.
 
-    A key keeps its cleaned form (:func:`mlflow_metric_key`) when that form is free and at most
-    250 characters. Otherwise it gets ``-<8 hex digits>`` of the SHA-1 of the original key
-    (the cleaned form cut short enough to fit first), so two distinct keys never share a metric.
-    The first key to claim a cleaned form keeps it; a later key that cleans to the same string is
-    the one that gets the hash. The same sequence of keys therefore always gives the same metrics.
+    A key is kept as it is when it is *canonical* (see :meth:`MLflowBackend.metric_key`), a valid
+    MLflow key (:func:`mlflow_metric_key` leaves it unchanged), at most 250 characters, and does not
+    end like a hash suffix (``-`` and 8 or more hex digits). Any other key becomes its cleaned form,
+    cut to fit, plus ``-<8 hex digits>`` of the SHA-1 of its ``identity`` (default: the key).
 
-    ``identity`` (default: the key) tells keys apart: two identities are two metrics even when
-    their keys are equal strings.
+    The decision depends on the key alone, never on which keys came first, so every process, run,
+    mode and worker maps a key to the same metric, and two keys that clean to one string (``lin@1``
+    and ``lin#1``, or ``lin_1`` and ``lin@1``) are two metrics in any order. Distinct identities can
+    only share a metric through a SHA-1 prefix collision; the mapper remembers what it gave out
+    and lengthens the suffix if that ever happens within a process.
 
     >>> mapper = MetricKeyMapper()
-    >>> mapper("a[0]"), mapper("a_0_"), mapper("a[0]")
-    ('a_0_', 'a_0_-02d1cacd', 'a_0_')
+    >>> mapper("a_0_"), mapper("a[0]"), mapper("a(0)")
+    ('a_0_', 'a_0_-b2fa95a4', 'a_0_-a4b7b84f')
     """
 
     def __init__(self) -> None:
         self._by_identity: dict[str, str] = {}
         self._owner: dict[str, str] = {}  # mapped key -> identity that holds it
 
-    def __call__(self, key: str, identity: str | None = None) -> str:
+    def __call__(self, key: str, identity: str | None = None, canonical: bool = True) -> str:
         identity = key if identity is None else identity
         mapped = self._by_identity.get(identity)
         if mapped is not None:
             return mapped
-        mapped = mlflow_metric_key(key)
+        keep = canonical and len(key) <= MAX_KEY_LENGTH and not _LOOKS_HASHED.search(key) and mlflow_metric_key(key) == key
+        mapped = key if keep else _hashed(key, identity, _HASH_LENGTH)
         length = _HASH_LENGTH
-        while len(mapped) > MAX_KEY_LENGTH or self._owner.get(mapped, identity) != identity:
-            # a longer hash if even the hashed form is taken (never expected in practice)
-            suffix = "-" + _short_hash(identity, length)
-            mapped = mlflow_metric_key(key)[: MAX_KEY_LENGTH - len(suffix)] + suffix
+        while self._owner.get(mapped, identity) != identity:  # a SHA-1 prefix collision (never seen)
             length += 4
+            mapped = _hashed(key, identity, length)
         self._owner[mapped] = identity
         self._by_identity[identity] = mapped
         return mapped
 
     def __len__(self) -> int:
         return len(self._by_identity)
+
+
+def _hashed(key: str, identity: str, length: int) -> str:
+    suffix = "-" + _short_hash(identity, length)
+    return mlflow_metric_key(key)[: MAX_KEY_LENGTH - len(suffix)] + suffix
+
+
+#: Names that end a ``<tensor>/<name>`` series: the statistics (any the engine records, with their
+#: ``abs_`` forms) and the quantile suffixes. A plain scalar whose name ends in one of them
+#: (``summarize_scalar("grad/l2")``) could be mistaken for a statistic of a tensor, so it is the one
+#: that gets a hash suffix (see :meth:`MLflowBackend.metric_key`).
+SERIES_SUFFIXES: frozenset[str] = frozenset([*STATISTICS, *(suffix for suffix, _ in QUANTILES)])
+_MODE_NAMES = frozenset(str(mode) for mode in ModeKeys)
+_WORKER_INFIX = re.compile(r"^worker_\d+$")
 
 
 # ---------------------------------------------------------------------------- quantiles
@@ -281,7 +310,8 @@ class MLflowBackend(Backend):
         self._chunks: dict[ModeKeys, _HistogramChunk] = {}
         self._columns: dict[tuple[ModeKeys, str], _HeatmapColumns] = {}
         self._tmp: str | None = None
-        self._suspect = False  # a write failed: check the server is reachable before the next one
+        self._finding_counts: dict[str, int] = {}
+        self._last_timestamp = 0
 
     @property
     def artifact_root(self) -> str:
@@ -327,24 +357,24 @@ class MLflowBackend(Backend):
     def write(self, record: StepRecord) -> None:
         from mlflow.entities import Metric
 
-        if self._suspect:
-            _probe(self.tracking_uri)  # fail fast while the server is down instead of retrying for minutes
+        # MLflow retries a refused connection for minutes; one TCP connect first (about 0.1 ms on a
+        # LAN) turns a dead server into one clear error at once, so records fail instead of piling up
+        _probe(self.tracking_uri)
         # MLflow keys a metric point by (key, step, timestamp, value): two eval mode steps closed in
         # the same millisecond at one optimizer step would collapse into one point. Keep every
         # record's timestamp after the previous one.
         timestamp = max(int(record.wall_time * 1000), self._last_timestamp + 1)
         self._last_timestamp = timestamp
-        values: dict[str, float] = {entry.key: float(entry.value) for entry in record.scalars}
+        # one value per metric: a series named twice in a record keeps its last value, as the reader does
+        values: dict[str, float] = {}
+        for (tensor, stat), value in zip(record.scalar_names, record.scalar_values.tolist(), strict=True):
+            values[self.metric_key(tensor, stat, record.mode, record.worker)] = value
         for histogram in record.histograms:
             quantiles = histogram_quantiles(histogram.counts, histogram.edges, [q for _, q in QUANTILES])
             if quantiles is not None:
-                for (suffix, _), value in zip(QUANTILES, quantiles, strict=True):
-                    values.setdefault(f"{histogram.tensor}/{suffix}", float(value))
-        # sorted: which of two colliding keys keeps the clean name must not depend on entry order
-        metrics = [
-            Metric(self.metric_key(key, record.mode, record.worker), values[key], timestamp, record.step)
-            for key in sorted(values)
-        ]
+                for (suffix, _), value in zip(QUANTILES, quantiles.tolist(), strict=True):
+                    values[self.metric_key(histogram.tensor, suffix, record.mode, record.worker)] = value
+        metrics = [Metric(key, value, timestamp, record.step) for key, value in values.items()]
 
         if self.histogram_every and record.histograms:
             self._chunk(record.mode).add(record)
@@ -359,19 +389,41 @@ class MLflowBackend(Backend):
             self._send(metrics)
             if full is not None:
                 self._upload_chunk(full)
-        except Exception:
-            self._suspect = True
-            raise
         finally:
             if full is not None:  # let go even when it failed: memory stays bounded while a server is down
                 self._chunks.pop(record.mode, None)
-        self._suspect = False
+
+    def write_finding(self, finding: Finding) -> None:
+        """A rule finding: the tag ``tensorlens.rules.<rule>`` holds its latest message, and the
+        metric ``<prefix>/rules/<rule>`` counts the rule's findings so far, at the finding's step."""
+        from mlflow.entities import Metric, RunTag
+
+        assert self._client is not None, "MLflowBackend.write_finding before open"
+        _probe(self.tracking_uri)  # a dead server: one clear error at once (see write)
+        count = self._finding_counts[finding.rule] = self._finding_counts.get(finding.rule, 0) + 1
+        timestamp = max(int(time.time() * 1000), self._last_timestamp + 1)
+        self._last_timestamp = timestamp
+        key = self.keys("/".join(p for p in (self.prefix, "rules", finding.rule) if p), identity=f"\x00rules\x00{finding.rule}")
+        self._client.log_batch(
+            self.run_id,
+            metrics=[Metric(key, float(count), timestamp, int(finding.step))],
+            tags=[RunTag(f"tensorlens.rules.{mlflow_metric_key(finding.rule).replace('/', '_')}", str(finding)[:MAX_TAG_VALUE])],
+        )
 
     def flush(self) -> None:
         """Wait for asynchronous batches and upload the histogram chunks begun so far.
 
-        A chunk uploaded early is uploaded again, under the same name, once it is complete.
+        A chunk uploaded early is uploaded again, under the same name, once it is complete. When
+        the server is unreachable, raises ``ConnectionError`` at once instead of waiting for
+        MLflow's retries (asynchronous batches are left to MLflow's own queue).
         """
+        if not self._pending and not any(chunk.dirty for chunk in self._chunks.values()):
+            return
+        try:
+            _probe(self.tracking_uri)
+        except ConnectionError:
+            self._pending = []
+            raise
         self._wait(len(self._pending))
         for chunk in list(self._chunks.values()):
             if chunk.dirty:
@@ -384,6 +436,9 @@ class MLflowBackend(Backend):
         for step in (self.flush, self._upload_heatmaps):
             try:
                 step()
+            except ConnectionError as err:  # the server is down: nothing else can reach it either
+                errors.append(err)
+                break
             except Exception as err:  # keep going: the heatmaps do not depend on the chunks
                 errors.append(err)
         self._chunks.clear()
@@ -396,15 +451,37 @@ class MLflowBackend(Backend):
 
     # -- metrics
 
-    def metric_key(self, key: str, mode: ModeKeys | str = ModeKeys.TRAIN, worker: str | None = None) -> str:
-        """The MLflow metric that holds the series ``key`` (``"collection/tensor/stat"``) of ``mode``.
+    def metric_key(
+        self, tensor: str, stat: str | None = None, mode: ModeKeys | str = ModeKeys.TRAIN, worker: str | None = None
+    ) -> str:
+        """The MLflow metric that holds the series ``stat`` of ``tensor`` (``None``/``""``: the plain
+        scalar ``tensor``; a quantile suffix such as ``"p50"``: a quantile of its histogram) in ``mode``.
 
-        >>> backend.metric_key("gradients/fc1.weight/l2", mode="eval")  # doctest: +SKIP
+        The readable key ``<prefix>/[<mode>/][<worker>/]<tensor>[/<stat>]`` is kept when it names
+        this series and no other: the mode infix is a mode, the worker infix is ``worker_<n>``, the
+        tensor's collection is neither, a statistic is one of :data:`SERIES_SUFFIXES` and a plain
+        scalar's name does not end in one; otherwise (and for keys MLflow would refuse) the key
+        gets a hash suffix of the series' identity (see :class:`MetricKeyMapper`).
+
+        >>> backend.metric_key("gradients/fc1.weight", "l2", mode="eval")  # doctest: +SKIP
         'tensorlens/eval/gradients/fc1.weight/l2'
+        >>> backend.metric_key("summaries/grad/l2")  # a plain scalar  # doctest: +SKIP
+        'tensorlens/summaries/grad/l2-f9fa4e79'
         """
-        parts = [*key_parts(self.prefix, mode, worker), key]
-        # the identity keeps the parts apart, so mode "eval" + "x" and a collection "eval/x" differ
-        return self.keys("/".join(p for p in parts if p), identity="\x00".join(parts))
+        stat = stat or ""
+        infix = key_parts("", mode, worker)  # the mode and worker parts (see tensorlens.backends.keys)
+        named_worker = str(worker) if worker is not None and worker not in PRIMARY_WORKERS else None
+        parts = [p for p in (self.prefix, *infix, tensor, stat) if p]
+        first = tensor.split("/", 1)[0]
+        last = tensor.rsplit("/", 1)[-1]
+        canonical = (
+            all(part in _MODE_NAMES or _WORKER_INFIX.match(part) for part in infix)
+            and first not in _MODE_NAMES and not _WORKER_INFIX.match(first)
+            and (stat in SERIES_SUFFIXES if stat else "/" not in tensor or last not in SERIES_SUFFIXES)
+        )
+        # the identity is the structure, so "eval" + "x" and a collection "eval/x" stay apart
+        identity = json.dumps([self.prefix, str(ModeKeys.coerce(mode)), named_worker, tensor, stat])
+        return self.keys("/".join(parts), identity=identity, canonical=canonical)
 
     def _send(self, metrics: list[Any]) -> None:
         assert self._client is not None, "MLflowBackend.write before open"
@@ -459,6 +536,7 @@ class MLflowBackend(Backend):
             painter = _HeatmapPainter()
         except ImportError:
             return  # heatmaps are a convenience; the quantiles and chunks hold the same information
+        _probe(self.tracking_uri)  # not 30 s of drawing for a server that is gone
         folder = os.path.join(self._tmp, "heatmaps")
         names = MetricKeyMapper()  # file names follow the metric-key rules: no "..", no empty parts
         deadline = time.monotonic() + _HEATMAP_BUDGET_S
@@ -477,6 +555,7 @@ class MLflowBackend(Backend):
             painter.draw(columns, f"{tensor} ({mode})", "step" if mode == ModeKeys.TRAIN else f"{mode} step", path)
         if not os.path.isdir(folder):
             return
+        _probe(self.tracking_uri)
         self._client.log_artifacts(self.run_id, folder, f"{self.artifact_root}/heatmaps")
 
 
@@ -635,7 +714,8 @@ def _probe(uri: str | None, timeout: float = _PROBE_TIMEOUT_S) -> None:
 
     MLflow retries a refused connection with exponential backoff for about four minutes per call
     (``MLFLOW_HTTP_REQUEST_MAX_RETRIES=7``); one TCP connect tells a server that is down apart
-    within ``timeout`` seconds, so a dead tracker costs training nothing, not even at close.
+    within ``timeout`` seconds, so a dead tracker costs training nothing and close() next to
+    nothing (a server that dies during a request is bounded by the dispatcher's stall timeout).
     Skipped for other URIs and when a proxy is configured for the host (the proxy decides then).
     """
     if not uri:

@@ -19,6 +19,7 @@ from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, RunInfo
 from tensorlens.backends.keys import tracker_key
 from tensorlens.backends.optional import import_optional, is_lightning_logger
+from tensorlens.findings import Finding
 from tensorlens.modes import ModeKeys
 from tensorlens.records import HistogramEntry, StepRecord
 
@@ -56,6 +57,7 @@ class TensorBoardBackend(Backend):
     and ``global`` modes get the mode after the prefix (``tensorlens/eval/activations/fc1/max``).
     Train and global records are written at the global step, eval and predict records at their
     mode step (one point per saved batch instead of a stack of points at one global step).
+    Rule findings are text entries tagged ``"{prefix}/rules/{rule}"``.
 
     Histograms are sent pre-binned (``add_histogram_raw``), with exactly tensorlens' bins:
     ``bucket_limits`` are the right edges, ``min`` and ``max`` the record's (the tensor's finite
@@ -159,6 +161,15 @@ class TensorBoardBackend(Backend):
             self._writer.add_histogram_raw(
                 tag, low, high, num, total, squares, limits, counts, global_step=step, walltime=record.wall_time
             )
+
+    def write_finding(self, finding: Finding) -> None:
+        """A rule finding as a text entry under ``{prefix}/rules/{rule}`` at the finding's step
+        (TensorBoard's Text tab)."""
+        assert self._writer is not None, "TensorBoardBackend.write_finding before open"
+        step = finding.mode_step if finding.mode in _MODE_STEP_MODES and finding.mode_step is not None else finding.step
+        where = f" `{finding.tensor}`" if finding.tensor else ""
+        text = f"**{finding.rule}** at {finding.mode.value} step {step}{where}: {finding.message}"
+        self._writer.add_text(self.tag(f"rules/{finding.rule}", ModeKeys.TRAIN), text, global_step=step)
 
     def _fast_file_writer(self) -> Any | None:
         """The event file writer of a torch ``SummaryWriter``, whose protobufs we can build;

@@ -15,6 +15,10 @@ What lands in the run (``prefix="tensorlens"``):
   ``tensorlens/<worker>/...`` unless the worker is ``worker_0`` or ``reduced``.
 - ``tensorlens/<collection>/<tensor>/histogram``: a ``wandb.Histogram`` built from the exact
   bins (no re-binning).
+- Rule findings (:mod:`tensorlens.rules`): a W&B alert (level WARN) the first time a rule fires
+  on a tensor (W&B also holds back repeats of one title for ``alert_wait`` seconds; offline the
+  alert is written to the run file), and in the run summary ``tensorlens/rules/<rule>/count``,
+  ``.../first_step``, ``.../last_step`` and ``.../last_message``.
 - ``tensorlens/profile/<collection>/<stat>``: a line chart of one statistic by layer depth, one
   line per saved step (built-in preset ``wandb/line/v0``), for each profile whose statistic the
   records hold: by default gradient ``l2`` and, when ``dynamics`` are recorded, the update ratio
@@ -53,6 +57,7 @@ from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, RunInfo
 from tensorlens.backends.keys import key_parts
 from tensorlens.backends.optional import import_optional, is_lightning_logger
+from tensorlens.findings import Finding
 from tensorlens.modes import ModeKeys
 from tensorlens.records import HistogramEntry, StepRecord, collection_of
 
@@ -71,6 +76,8 @@ DEFAULT_PROFILES = (("gradients", "l2"), ("dynamics", "update_ratio"))
 MAX_HEATMAP_STEPS = 64
 #: Records held back while a user who passes ``step=`` has not moved on to the next row.
 MAX_DEFERRED = 32
+#: Seconds W&B holds back a repeated alert of the same title (a rule firing on many tensors).
+ALERT_WAIT = 60
 
 
 
@@ -160,6 +167,8 @@ class WandbBackend(Backend):
         self._profile_lines = {p: _Thinned(MAX_PROFILE_LINES) for p in profiles}
         self._profile_keys: dict[tuple[str, str], str] = {}
         self._heatmaps: dict[str, _Thinned] = {}
+        self._alerted: set[tuple[str, str | None]] = set()
+        self._finding_counts: dict[str, int] = {}
 
     # ------------------------------------------------------------------ detection
 
@@ -219,6 +228,22 @@ class WandbBackend(Backend):
                 row.update(self._charts())
         self._last_step = record.step
         self._log(row, record.step)
+
+    def write_finding(self, finding: Finding) -> None:
+        """An alert the first time a rule fires on a tensor, and the rule's summary entries."""
+        if self._disabled or self._run is None:
+            return
+        self._check_active("rule findings are not logged")
+        if (finding.rule, finding.tensor) not in self._alerted:
+            self._alerted.add((finding.rule, finding.tensor))
+            title = f"tensorlens rule {finding.rule}"[:63]  # W&B wants titles under 64 characters
+            self._run.alert(title=title, text=str(finding), level=self._wandb.AlertLevel.WARN, wait_duration=ALERT_WAIT)
+        count = self._finding_counts[finding.rule] = self._finding_counts.get(finding.rule, 0) + 1
+        key = f"{self.prefix}/rules/{finding.rule}"
+        updates: dict[str, Any] = {f"{key}/count": count, f"{key}/last_step": int(finding.step), f"{key}/last_message": str(finding)}
+        if count == 1:
+            updates[f"{key}/first_step"] = int(finding.step)
+        self._run.summary.update(updates)
 
     def flush(self) -> None:
         """Log held-back records that now have a row. The open row itself is left open: W&B

@@ -7,7 +7,7 @@ the trackers you already use (W&B, MLflow, TensorBoard) and to a local run store
 
 from __future__ import annotations
 
-from tensorlens import modes
+from tensorlens import modes, rules
 from tensorlens.backends.base import Backend, RunInfo, register_backend, registered_backends
 from tensorlens.backends.memory import MemoryBackend
 from tensorlens.capture.hook import Hook
@@ -16,8 +16,19 @@ from tensorlens.collection import Collection, Kind
 from tensorlens.config import DynamicsConfig, HistogramConfig, ReductionConfig, SaveConfig, SaveConfigMode
 from tensorlens.engine.recorder import Recorder
 from tensorlens.file_limit import setup
+from tensorlens.findings import Finding
 from tensorlens.modes import ModeKeys
 from tensorlens.records import HistogramEntry, ScalarEntry, StepRecord, TensorEntry
+from tensorlens.rules.compare import compare_runs
+from tensorlens.rules.trial import create_trial
+from tensorlens.scales import (
+    plot_scales,
+    prune_non_float_tensors,
+    prune_same_scale_tensors,
+    prune_selected_nodes,
+    track_scales,
+)
+from tensorlens.store.errors import CorruptRunError
 from tensorlens.store.reader import Run, TensorDescriptor, TensorView, open_run
 from tensorlens.watch import watch
 
@@ -26,7 +37,9 @@ __version__ = "0.1.0"
 __all__ = [
     "Backend",
     "Collection",
+    "CorruptRunError",
     "DynamicsConfig",
+    "Finding",
     "HistogramConfig",
     "HistogramEntry",
     "Hook",
@@ -44,13 +57,21 @@ __all__ = [
     "TensorDescriptor",
     "TensorEntry",
     "TensorView",
+    "compare_runs",
+    "create_trial",
     "modes",
     "open_run",
+    "plot_scales",
+    "prune_non_float_tensors",
+    "prune_same_scale_tensors",
+    "prune_selected_nodes",
     "register_backend",
     "registered_backends",
+    "rules",
     "setup",
     "summarize_scalar",
     "summarize_tensor",
+    "track_scales",
     "watch",
 ]
 

@@ -36,6 +36,7 @@ class Kind(str, enum.Enum):
     # training dynamics derived from several tensors or steps (update ratios, cosines, global
     # norms, dead units, per-sample norms): see tensorlens.engine.dynamics
     DYNAMICS = "dynamics"
+    SCALES = "scales"  # per-op forward and backward scales (scales=True; see tensorlens.scales)
 
     def __str__(self) -> str:  # "weights", not "Kind.WEIGHTS", in names and messages
         return self.value
@@ -45,9 +46,11 @@ class Kind(str, enum.Enum):
 KINDS = tuple(k.value for k in Kind)
 #: What ``tl.watch`` records unless told otherwise.
 DEFAULT_KINDS = ("weights", "biases", "gradients", "losses", "summaries", "scalars")
-#: Names that stand for several kinds in ``include_collections``: ``"all"`` is every kind of
-#: tensor; the derived ``dynamics`` cost copies and hooks of their own and are asked for by name.
-ALIASES = {"all": tuple(k for k in KINDS if k != "dynamics"), "default": DEFAULT_KINDS}
+#: Kinds that cost more than a read of the tensors: only recorded when named (not in ``"all"``);
+#: the derived ``dynamics`` keep copies and hooks of their own.
+OPT_IN_KINDS = ("scales", "dynamics")
+#: Names that stand for several kinds in ``include_collections``.
+ALIASES = {"all": tuple(k for k in KINDS if k not in OPT_IN_KINDS), "default": DEFAULT_KINDS}
 #: Kinds whose tensors are single numbers recorded as they are (no reductions, no histograms).
 SCALAR_KINDS = ("optimizer", "losses", "scalars")
 #: Kinds captured with module hooks (attached only on saved steps); ``dynamics`` also reads

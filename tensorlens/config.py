@@ -25,6 +25,8 @@ ALWAYS_RECORDED = ("numel", "nan_count", "inf_count")
 COUNTS = ("zero_fraction",)
 
 MAX_HISTOGRAM_BINS = 512  # W&B rejects more than 512 bins
+#: SageMaker Debugger's default save interval (``tl.watch`` and the callbacks use 100).
+DEFAULT_SAVE_INTERVAL = 500
 
 
 def _names(name: str, value: Any, allowed: Iterable[str]) -> tuple[str, ...]:
@@ -42,14 +44,18 @@ def _names(name: str, value: Any, allowed: Iterable[str]) -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class SaveConfigMode:
-    """When to save, for one mode. A step is saved when ``start_step <= step < end_step`` and
-    ``(step - start_step) % save_interval == 0``, or when it is listed in ``save_steps``.
+    """When to save, for one mode, as in SageMaker Debugger: a step is saved when it is listed in
+    ``save_steps``, or when ``start_step <= step < end_step`` and ``step % save_interval == 0``.
+    The default interval is SageMaker Debugger's, 500 (``tl.watch`` and the callbacks default to
+    100, as wandb.watch and Lightning users expect).
 
-    >>> SaveConfigMode(save_interval=10).should_save(20)
+    >>> SaveConfigMode(save_interval=100, start_step=150).should_save(200)
     True
+    >>> [s for s in range(0, 1001) if SaveConfigMode(save_steps=[3, 7]).should_save(s)]
+    [0, 3, 7, 500, 1000]
     """
 
-    save_interval: int = 100
+    save_interval: int = DEFAULT_SAVE_INTERVAL
     start_step: int = 0
     end_step: int | None = None
     save_steps: tuple[int, ...] = ()
@@ -78,7 +84,7 @@ class SaveConfigMode:
             return True
         if step < self.start_step or (self.end_step is not None and step >= self.end_step):
             return False
-        return (step - self.start_step) % self.save_interval == 0
+        return step % self.save_interval == 0
 
 
 @dataclasses.dataclass(frozen=True, init=False)
@@ -94,7 +100,7 @@ class SaveConfig:
 
     def __init__(
         self,
-        save_interval: int = 100,
+        save_interval: int = DEFAULT_SAVE_INTERVAL,
         start_step: int = 0,
         end_step: int | None = None,
         save_steps: Iterable[int] = (),

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from torch import nn
 
 from tensorlens.backends.base import Backend
 from tensorlens.capture.hook import Hook
 from tensorlens.config import DynamicsConfig, HistogramConfig, ReductionConfig, SaveConfig, expected
+
+if TYPE_CHECKING:
+    from tensorlens.rules.base import Rule
 
 _WANDB_LOG = {
     "gradients": ["gradients", "losses", "summaries", "scalars"],
@@ -45,6 +49,8 @@ def watch(
     resume: str = "never",
     dynamics: bool | DynamicsConfig = False,
     epoch_statistics: Sequence[str] | str | None = None,
+    scales: bool = False,
+    rules: Sequence[Rule] | None = None,
 ) -> Hook:
     """Watch ``models`` with sensible defaults and return the :class:`Hook`.
 
@@ -53,6 +59,9 @@ def watch(
     store and to the active W&B / MLflow run. ``activations=True`` adds module outputs.
     ``log`` and ``log_freq`` accept ``wandb.watch``'s values (``"gradients"``, ``"parameters"``,
     ``"all"``). ``resume`` continues a stored run (``"allow"``, ``"must"``), as in ``wandb.init``.
+    ``scales=True`` records the forward and backward scale of every op at saved steps
+    (``scales/fwd/<node>``, ``scales/bwd/<node>``; see :mod:`tensorlens.scales`).
+    ``rules`` (:mod:`tensorlens.rules`) check every saved step: ``if hook.should_stop: break``.
     ``dynamics=True`` (or a :class:`tl.DynamicsConfig`) adds training dynamics: update sizes and
     ratios, gradient and update cosines, global norms, dead and saturated units, per-sample norms
     (``docs/dynamics.md``). ``epoch_statistics`` chooses what ``hook.end_epoch()`` aggregates.
@@ -96,6 +105,8 @@ def watch(
         resume=resume,
         dynamics_config=dynamics if isinstance(dynamics, DynamicsConfig) else None,
         epoch_statistics=epoch_statistics,
+        scales=scales,
+        rules=rules,
     )
     try:
         if isinstance(models, nn.Module):

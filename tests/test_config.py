@@ -15,8 +15,12 @@ def saved(config: SaveConfig, mode=tl.modes.TRAIN, upto: int = 30) -> list[int]:
 def test_save_interval_within_start_and_end() -> None:
     # smdebug: a step is saved when step % save_interval == 0 within [start_step, end_step)
     assert saved(SaveConfig(save_interval=10)) == [0, 10, 20]
-    assert saved(SaveConfig(save_interval=5, start_step=7, end_step=20)) == [7, 12, 17]
+    assert saved(SaveConfig(save_interval=5, start_step=7, end_step=20)) == [10, 15]
     assert saved(SaveConfig(save_interval=1, start_step=3, end_step=6)) == [3, 4, 5]
+    # SageMaker Debugger's documented examples
+    assert saved(SaveConfig(save_interval=100, start_step=150), upto=400) == [200, 300]
+    assert saved(SaveConfig(save_steps=[3, 7]), upto=1001) == [0, 3, 7, 500, 1000]
+    assert SaveConfig().modes[tl.modes.TRAIN].save_interval == 500  # SageMaker Debugger's default
 
 
 def test_save_steps_are_unioned() -> None:

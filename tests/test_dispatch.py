@@ -21,7 +21,7 @@ from torch import nn
 
 import tensorlens as tl
 from tensorlens.backends import base
-from tensorlens.dispatch import Dispatcher
+from tensorlens.dispatch import BackendStats, Dispatcher
 from tensorlens.modes import ModeKeys
 
 # --------------------------------------------------------------------------- helpers
@@ -224,6 +224,180 @@ def test_close_gives_up_on_a_backend_that_never_returns(tmp_path) -> None:
         assert dispatcher.flush() is True  # closed: nothing more to wait for
     finally:
         stalled.release.set()
+
+
+class Blocking(tl.Backend):
+    """Blocks forever (until released) in one of its calls, like a tracker whose server hangs."""
+
+    name = "blocking"
+
+    def __init__(self, blocks_in: str, critical: bool = False) -> None:
+        self.blocks_in = blocks_in
+        self.critical = critical  # type: ignore[misc]  # an instance may play the local store
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.written = 0
+
+    def _maybe_block(self, call: str) -> None:
+        if call == self.blocks_in:
+            self.entered.set()
+            self.release.wait()
+
+    def open(self, run: tl.RunInfo) -> None:
+        self._maybe_block("open")
+
+    def write(self, record: tl.StepRecord) -> None:
+        self._maybe_block("write")
+        self.written += 1
+
+    def flush(self) -> None:
+        self._maybe_block("flush")
+
+    def close(self) -> None:
+        self._maybe_block("close")
+
+
+def _accounted(stats: BackendStats, produced: int) -> None:
+    assert stats.produced == produced, stats
+    assert stats.written + stats.failed + stats.dropped + stats.abandoned == produced, stats
+
+
+@pytest.mark.timeout(180)
+def test_close_does_not_wait_for_a_tracker_blocked_forever_and_counts_what_it_abandons(tmp_path) -> None:
+    """Through the hook, with the default stall timeout: close() returns while the backend is
+    still blocked in write(), and every record is accounted for."""
+    blocking = Blocking("write")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = mlp()
+            hook = watch(model, tmp_path, [blocking])
+            train(model, 6)
+            started = time.monotonic()
+            hook.close()
+            print(f"close() with a tracker blocked in write(): {time.monotonic() - started:.2f} s")
+        assert blocking.entered.is_set() and not blocking.release.is_set()  # it is still blocked
+        stats = hook.backend_stats()
+        _accounted(stats["blocking"], 6)
+        assert stats["blocking"].written == 0 and stats["blocking"].abandoned == 6
+        _accounted(stats["local"], 6)
+        assert stats["local"].written == 6
+        (message,) = tensorlens_warnings(caught, "'blocking'")
+        assert "was blocked in write() for" in message and "6 record(s) abandoned" in message
+        with tl.open_run(hook.run_dir) as run:
+            assert run.steps() == list(range(6))
+    finally:
+        blocking.release.set()
+    assert blocking.written == 0  # the call that returned late after close() counts nowhere twice
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("blocks_in", ["open", "write", "flush"])
+def test_flush_and_close_stop_waiting_for_a_stalled_tracker(tmp_path, blocks_in) -> None:
+    blocking, recording = Blocking(blocks_in), Recording()
+    dispatcher = Dispatcher([blocking, recording], tl.RunInfo("run", str(tmp_path)), max_pending=16, stall_timeout=0.3)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for step in range(10):
+                dispatcher.submit(record(step))
+            assert dispatcher.flush(timeout=None) is False  # no deadline: the stall alone ends the wait
+            assert blocking.entered.is_set()
+            dispatcher.close(timeout=None)
+        assert not blocking.release.is_set()
+        stats = dispatcher.stats()
+        _accounted(stats["blocking"], 10)
+        _accounted(stats["recording"], 10)
+        assert recording.steps == list(range(10)) and recording.calls[-1] == "close"
+        # blocked in flush(), it had written every record; blocked earlier, it abandons them all
+        assert stats["blocking"].abandoned == (0 if blocks_in == "flush" else 10)
+        assert len(tensorlens_warnings(caught, f"was blocked in {blocks_in}() for")) == 1
+    finally:
+        blocking.release.set()
+
+
+@pytest.mark.timeout(120)
+def test_a_backend_blocked_in_its_own_close_is_waited_for_until_the_timeout(tmp_path) -> None:
+    blocking = Blocking("close")
+    dispatcher = Dispatcher([blocking], tl.RunInfo("run", str(tmp_path)), stall_timeout=0.1)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for step in range(3):
+                dispatcher.submit(record(step))
+            dispatcher.close(timeout=1.0)
+        assert blocking.entered.is_set() and not blocking.release.is_set()
+        stats = dispatcher.stats()["blocking"]
+        _accounted(stats, 3)
+        assert (stats.written, stats.abandoned) == (3, 0)  # written before its close() stalled
+        assert len(tensorlens_warnings(caught, "0 record(s) abandoned")) == 1
+    finally:
+        blocking.release.set()
+
+
+@pytest.mark.timeout(120)
+def test_a_stalled_local_store_is_waited_for_until_the_timeout_then_counted(tmp_path) -> None:
+    """A critical backend is never dropped and has no stall rule: close waits for it until the
+    timeout; records it never got, and those the dispatcher never handed over, are abandoned."""
+    store, recording = Blocking("write", critical=True), Recording()
+    dispatcher = Dispatcher([store, recording], tl.RunInfo("run", str(tmp_path)), max_pending=2, stall_timeout=0.1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            submitter = threading.Thread(target=lambda: [dispatcher.submit(record(s)) for s in range(8)], daemon=True)
+            submitter.start()
+            submitter.join(5.0)  # training blocks behind a stuck store once every queue is full
+            dispatcher.close(timeout=1.0)
+        assert not store.release.is_set()
+        produced = 8 - submitter.is_alive()  # the one step still being submitted, if any, never arrived
+        for name in ("blocking", "recording"):
+            _accounted(dispatcher.stats()[name], dispatcher.stats()[name].produced)
+        assert dispatcher.stats()["blocking"].written == 0
+        assert dispatcher.stats()["recording"].written + dispatcher.stats()["recording"].abandoned <= produced
+    finally:
+        store.release.set()
+
+
+@pytest.mark.timeout(300)
+def test_every_record_is_accounted_for_whatever_the_backends_do(tmp_path) -> None:
+    """Property test: random mixes of failing, slow, small-queued and blocked trackers."""
+    import random
+
+    class Random(tl.Backend):
+        name = "random"
+
+        def __init__(self, rng: random.Random) -> None:
+            self.fail = rng.random() * 0.5
+            self.delay = rng.choice([0.0, 0.0, 0.002])
+            self.block_at = rng.choice([None, None, rng.randint(0, 30)])
+            self.release = threading.Event()
+            self.seen = 0
+            self.rng = random.Random(rng.random())
+
+        def write(self, record: tl.StepRecord) -> None:
+            self.seen += 1
+            if self.seen == self.block_at:
+                self.release.wait()
+            time.sleep(self.delay)
+            if self.rng.random() < self.fail:
+                raise RuntimeError("flaky")
+
+    rng = random.Random(3)
+    for _ in range(6):
+        backends = [Random(rng) for _ in range(rng.randint(1, 4))]
+        records = rng.randint(0, 60)
+        dispatcher = Dispatcher(backends, tl.RunInfo("run", str(tmp_path)), max_pending=rng.randint(1, 8), stall_timeout=0.2)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for step in range(records):
+                    dispatcher.submit(record(step))
+                dispatcher.close(timeout=5.0)
+            for stats in dispatcher.stats().values():
+                _accounted(stats, records)
+        finally:
+            for backend in backends:
+                backend.release.set()
 
 
 # --------------------------------------------------------------------------- delivery

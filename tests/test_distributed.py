@@ -325,6 +325,58 @@ def _scenario_fsdp(rank: int, out: Path) -> dict[str, Any]:
     return {"records": _records(mem), "placements": placements, "shards": shards}
 
 
+STALL_TIMEOUT_S = 3  # TENSORLENS_COLLECTIVE_TIMEOUT for the scenarios where a rank stops taking part
+STALL_STEPS, STALL_AT = 4, 2
+
+
+def _stall_part(rank: int, out: Path, how: str) -> dict[str, Any]:
+    """From step ``STALL_AT`` rank 1 stops taking part in tensorlens's collectives: ``"hang"``
+    sleeps (a failed rank that does not exit), ``"leave"`` closes its hook and trains on."""
+    import warnings
+
+    model = _mlp()
+    mem = tl.MemoryBackend()
+    hook = tl.Hook(
+        out_dir=out / how, save_config=SaveConfig(save_interval=1), include_collections=["activations"], backends=[mem]
+    )
+    hook.register_module(model)
+    # lr=0: the model stays the same on both ranks, so the test computes every reference itself
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    durations: dict[int, float] = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(STALL_STEPS):
+            if rank == 1 and step == STALL_AT:
+                if how == "hang":
+                    time.sleep(3600)  # killed by the launcher once rank 0 is done
+                hook.close()
+            x, y = _batch(step)
+            started = time.monotonic()
+            nn.functional.mse_loss(model(_local(x, rank)), _local(y, rank)).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            durations[step] = time.monotonic() - started
+        hook.close()
+        # a later hook that needs a collective (include_workers="all" agrees on the run folder)
+        # does not wait again: this process's collectives are known to be broken
+        started = time.monotonic()
+        later = tl.Hook(out_dir=out / f"{how}-later", include_workers="all", backends=[]) if rank == 0 else None
+        later_s = time.monotonic() - started
+        if later is not None:
+            later.close()
+    messages = [str(w.message) for w in caught if str(w.message).startswith("tensorlens: a collective")]
+    return {"records": _records(mem), "durations": durations, "warnings": messages,
+            "later_s": later_s, "later_dir": later.run_dir if later is not None else None}
+
+
+def _scenario_hang(rank: int, out: Path) -> dict[str, Any]:
+    return _stall_part(rank, out, "hang")
+
+
+def _scenario_leave(rank: int, out: Path) -> dict[str, Any]:
+    return _stall_part(rank, out, "leave")
+
+
 def _worker_main(argv: list[str]) -> None:
     scenario, rank, world, port, out = argv[0], int(argv[1]), int(argv[2]), int(argv[3]), Path(argv[4])
     torch.set_num_threads(1)
@@ -335,8 +387,14 @@ def _worker_main(argv: list[str]) -> None:
         world_size=world,
         timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
     )
+    scenarios = {"reduce": _scenario_reduce, "fsdp": _scenario_fsdp, "hang": _scenario_hang, "leave": _scenario_leave}
+    if scenario == "hang":  # rank 1 never comes back: no barrier, no teardown that could wait for it
+        result = scenarios[scenario](rank, out)
+        with open(out / f"{scenario}-rank{rank}.pkl", "wb") as f:
+            pickle.dump(result, f)
+        os._exit(0)
     try:
-        result = {"reduce": _scenario_reduce, "fsdp": _scenario_fsdp}[scenario](rank, out)
+        result = scenarios[scenario](rank, out)
         torch.distributed.barrier()
     finally:
         torch.distributed.destroy_process_group()
@@ -353,10 +411,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(scenario: str, out: Path) -> list[dict[str, Any]]:
-    """Run ``scenario`` on WORLD processes; kill them all if they pass the deadline."""
+def _launch(scenario: str, out: Path, hanging: frozenset[int] = frozenset(), env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Run ``scenario`` on WORLD processes; kill them all if they pass the deadline.
+
+    ``hanging``: ranks expected to be still running when the others are done (they are killed
+    then, and must not have finished); their results are ``{}``.
+    """
     port = _free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     logs = [out / f"{scenario}-rank{rank}.log" for rank in range(WORLD)]
     procs = []
     for rank in range(WORLD):
@@ -367,24 +429,28 @@ def _launch(scenario: str, out: Path) -> list[dict[str, Any]]:
             ))
     deadline = time.monotonic() + DEADLINE_S
     try:
-        for proc in procs:
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        for rank, proc in enumerate(procs):
+            if rank not in hanging:
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         pass
     finally:
-        hung = [proc for proc in procs if proc.poll() is None]
-        for proc in hung:
-            proc.kill()
+        hung = [rank for rank, proc in enumerate(procs) if proc.poll() is None]
+        for rank in hung:
+            procs[rank].kill()
         for proc in procs:
             proc.wait()
     text = "\n".join(f"--- rank {r} ---\n{logs[r].read_text()[-4000:]}" for r in range(WORLD))
-    if hung:
-        pytest.fail(f"{scenario}: {len(hung)} rank(s) still running after {DEADLINE_S}s (a hang?)\n{text}")
-    failed = [r for r, proc in enumerate(procs) if proc.returncode != 0]
+    if set(hung) != set(hanging):
+        pytest.fail(f"{scenario}: rank(s) {hung} still running after {DEADLINE_S}s, expected {sorted(hanging)}\n{text}")
+    failed = [r for r, proc in enumerate(procs) if proc.returncode != 0 and r not in hanging]
     if failed:
         pytest.fail(f"{scenario}: rank(s) {failed} failed\n{text}")
     results = []
     for rank in range(WORLD):
+        if rank in hanging:
+            results.append({})
+            continue
         with open(out / f"{scenario}-rank{rank}.pkl", "rb") as f:
             results.append(pickle.load(f))
     return results
@@ -694,6 +760,39 @@ def test_fsdp2_sharded_statistics_equal_the_unsharded_model(fsdp_results: Any) -
                 seen = np.concatenate([results[rank]["shards"][step][tensor] for rank in range(WORLD)])
                 np.testing.assert_allclose(seen, values, rtol=1e-9, atol=1e-12)
             _check_histogram(record["histograms"][tensor], seen, 8)
+
+
+# ----------------------------------------------------------------------------- a rank stops taking part
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("how", ["hang", "leave"])
+def test_a_rank_that_stops_taking_part_holds_the_others_only_for_the_collective_timeout(tmp_path: Path, how: str) -> None:
+    """Rank 1 sleeps (``hang``: a failed rank that does not exit) or closes its hook and trains
+    on (``leave``) from step 2. Rank 0 waits ``TENSORLENS_COLLECTIVE_TIMEOUT`` seconds once, warns
+    once, and records every step: merged before, its own values after."""
+    results = _launch(how, tmp_path, hanging=frozenset({1}) if how == "hang" else frozenset(),
+                      env={"TENSORLENS_COLLECTIVE_TIMEOUT": str(STALL_TIMEOUT_S)})
+    rank0 = results[0]
+    print(f"{how}: rank 0 step durations {[round(d, 2) for d in rank0['durations'].values()]} s; "
+          f"a later hook needing a collective: {rank0['later_s']:.2f} s")
+    records = rank0["records"]
+    assert [r["step"] for r in records] == list(range(STALL_STEPS)) and {r["worker"] for r in records} == {"reduced"}
+    first_layer = _mlp()[0]
+    for record in records:
+        x = _batch(record["step"])[0]
+        # both ranks' halves of the batch until rank 1 stopped, then rank 0's own half
+        with torch.no_grad():
+            seen = first_layer(x if record["step"] < STALL_AT else _local(x, 0)).numpy()
+        _check_stats(record["scalars"], "activations/0", seen)
+    assert len(rank0["warnings"]) == 2, rank0["warnings"]  # the step's collective, then the later hook
+    first, later = rank0["warnings"]
+    assert f"waited more than {STALL_TIMEOUT_S} s" in first and "TENSORLENS_COLLECTIVE_TIMEOUT" in first
+    assert "agreeing on the step's tensors" in first and "broadcast of the run folder" in later
+    assert rank0["later_dir"] == str(tmp_path / f"{how}-later")  # its own folder, no broadcast
+    if how == "leave":
+        assert results[1]["warnings"] == []  # it left: it never waited
+        assert [r["step"] for r in results[1]["records"]] == []  # reduce mode: rank 0 records
 
 
 # ----------------------------------------------------------------------------- worker entry point

@@ -4,6 +4,10 @@ fallback when it cannot be built."""
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import stat
+import sys
 
 import numpy as np
 import pytest
@@ -224,3 +228,146 @@ def test_kernel_edges_are_bit_identical_to_numpy(kernel_on) -> None:
         bins = int(rng.integers(1, 200))
         scale = (bins / (high.astype(np.float64) - low.astype(np.float64))).astype(dtype)
         np.testing.assert_array_equal(native.edges(low, high, scale, bins, dtype), exact_edges_numpy(low, high, scale, bins, dtype))
+
+
+# ----------------------------------------------------------------------------- where the kernel is loaded from
+
+_EVIL_SOURCE = r"""
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((constructor)) static void planted(void) {
+    const char *marker = getenv("TENSORLENS_TEST_MARKER");
+    if (marker) { FILE *f = fopen(marker, "w"); if (f) { fputs("loaded", f); fclose(f); } }
+}
+int tl_moments(void) { return 0; }
+"""
+
+
+@pytest.fixture
+def planted(kernel_on, monkeypatch, tmp_path):
+    """``(file name of the kernel, a library that writes a marker file when it is loaded, marker)``."""
+    import shutil
+    import subprocess
+
+    safe = tmp_path / "first-build"
+    monkeypatch.setenv("TENSORLENS_CACHE", str(safe))
+    native.reset()
+    assert native.available()
+    name = os.path.basename(native.build.library_path())
+    source = tmp_path / "evil.c"
+    source.write_text(_EVIL_SOURCE)
+    evil = tmp_path / "evil.so"
+    subprocess.run([native.build._compiler(), "-shared", "-fPIC", "-o", str(evil), str(source)], check=True)
+    marker = tmp_path / "marker"
+    monkeypatch.setenv("TENSORLENS_TEST_MARKER", str(marker))
+    native.reset()
+    yield name, evil, marker
+    native.reset()
+    shutil.rmtree(safe, ignore_errors=True)
+
+
+def _mapped(path: str) -> bool:
+    with open("/proc/self/maps", encoding="utf-8") as maps:
+        return any(line.rstrip().endswith(path) for line in maps)
+
+
+def _assert_kernel_works() -> None:
+    values = [torch.randn(10_000, generator=torch.Generator().manual_seed(5), dtype=torch.float64)]
+    rows, _ = native.moments(values)
+    row, x = dict(zip(native.COLUMNS, rows[0].tolist(), strict=True)), values[0].numpy()
+    assert row["count"] == x.size and row["min"] == x.min() and row["max"] == x.max()
+    assert row["sum"] == pytest.approx(x.sum(), rel=1e-12)
+    assert row["m2"] == pytest.approx(((x - x.mean()) ** 2).sum(), rel=1e-12)
+
+
+def _assert_built_privately(cache, planted_file, evil, marker) -> None:
+    """The kernel works, was not read from ``cache``, and its temporary folder is gone."""
+    assert native.available()
+    loaded = native.build.library_path()
+    assert not loaded.startswith(str(cache) + os.sep)
+    assert not os.path.exists(os.path.dirname(loaded))  # the private folder was removed once loaded
+    assert not marker.exists() and not _mapped(str(planted_file))
+    assert planted_file.read_bytes() == evil.read_bytes()  # left alone
+    _assert_kernel_works()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/maps")
+def test_a_cache_others_can_write_is_never_loaded(planted, monkeypatch, tmp_path) -> None:
+    name, evil, marker = planted
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    shutil.copy(evil, shared / name)
+    monkeypatch.setenv("TENSORLENS_CACHE", str(shared))
+    with pytest.warns(UserWarning, match=r"not loading the compiled kernel from .*shared: it is writable by group or others"):
+        native.reset()
+        native.available()
+    _assert_built_privately(shared, shared / name, evil, marker)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/maps")
+@pytest.mark.parametrize("how", ["group-writable", "another owner", "symlink", "parent writable by others"])
+def test_a_cache_folder_this_user_does_not_hold_alone_is_never_loaded(planted, monkeypatch, tmp_path, how) -> None:
+    name, evil, marker = planted
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    if how == "group-writable":
+        os.chmod(cache, 0o770)
+    elif how == "another owner":
+        if os.geteuid() != 0:
+            pytest.skip("only root can give a folder to another user")
+        os.chown(cache, 65534, 65534)
+    elif how == "symlink":
+        target, cache = cache, tmp_path / "link"
+        cache.symlink_to(target)
+    else:
+        parent = tmp_path / "open"
+        parent.mkdir()
+        os.chmod(parent, 0o777)  # no sticky bit: anyone may rename the cache and put another there
+        cache = parent / "cache"
+        cache.mkdir(mode=0o700)
+    shutil.copy(evil, cache / name)
+    monkeypatch.setenv("TENSORLENS_CACHE", str(cache))
+    with pytest.warns(UserWarning, match="not loading the compiled kernel from"):
+        native.reset()
+        native.available()
+    _assert_built_privately(cache, cache / name, evil, marker)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/maps")
+@pytest.mark.parametrize("how", ["world-writable file", "symlink to another file"])
+def test_a_planted_library_in_a_private_cache_is_rebuilt_not_loaded(planted, monkeypatch, tmp_path, how) -> None:
+    import warnings
+
+    name, evil, marker = planted
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    if how == "world-writable file":
+        shutil.copy(evil, cache / name)
+        os.chmod(cache / name, 0o666)
+    else:
+        (cache / name).symlink_to(evil)
+    monkeypatch.setenv("TENSORLENS_CACHE", str(cache))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a private cache needs no warning
+        native.reset()
+        assert native.available()
+    assert native.build.library_path() == str(cache / name)
+    info = os.lstat(cache / name)
+    assert stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
+    assert not marker.exists() and not _mapped(str(evil))
+    _assert_kernel_works()
+
+
+def test_a_missing_cache_is_created_private_and_reused(kernel_on, monkeypatch, tmp_path) -> None:
+    cache = tmp_path / "new" / "cache"
+    monkeypatch.setenv("TENSORLENS_CACHE", str(cache))
+    native.reset()
+    assert native.available()
+    first = native.build.library_path()
+    assert os.path.dirname(first) == str(cache) and stat.S_IMODE(os.stat(cache).st_mode) == 0o700
+    built_at = os.stat(first).st_mtime_ns
+    native.reset()
+    assert native.available() and native.build.library_path() == first
+    assert os.stat(first).st_mtime_ns == built_at  # loaded again, not rebuilt
+    _assert_kernel_works()

@@ -98,7 +98,7 @@ def test_default_run_folder_and_reader_errors(tmp_path, monkeypatch) -> None:
     run = tl.open_run(hook.run_dir)
     with pytest.raises(KeyError, match="no tensor"):
         run.tensor("gradients/nope")
-    with pytest.raises(KeyError, match="recorded:"):
+    with pytest.raises(KeyError, match="its statistics:"):
         run.tensor("gradients/weight").reduction_value(step=0, name="median")
     with pytest.raises(FileNotFoundError):
         tl.open_run(str(tmp_path))
@@ -159,8 +159,9 @@ def test_a_store_of_another_schema_is_refused_clearly(tmp_path) -> None:
     with sqlite3.connect(tmp_path / "tensorlens.sqlite") as db:
         db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
         db.execute("INSERT INTO meta VALUES ('schema_version', '2')")
-    with pytest.raises(ValueError, match="schema 2; this tensorlens reads schema 3"):
+    with pytest.raises(tl.CorruptRunError, match="schema 2; this tensorlens reads schema 4 .open it with the tensorlens") as raised:
         tl.open_run(str(tmp_path))
+    assert isinstance(raised.value, ValueError) and raised.value.table == "meta"
 
 
 def test_one_record_per_step_reaches_every_backend_and_entries_store_the_same_bytes(tmp_path, monkeypatch) -> None:

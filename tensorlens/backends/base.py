@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from tensorlens._checks import expected
+from tensorlens.findings import Finding
 from tensorlens.records import StepRecord
 
 
@@ -42,6 +43,10 @@ class Backend:
     - ``main_process_only``: created only on rank 0 of a distributed run.
     - ``critical``: the dispatcher waits for it instead of dropping records when it falls behind
       (the local store is critical; a tracker is not).
+    - ``produces_findings``: it emits rule findings (the rule runner); the dispatcher hands it a
+      sink with :meth:`bind_findings`, sends what it emits to every other backend's
+      :meth:`write_finding`, and flushes and closes it before the others so nothing it finds
+      at the end is lost.
     """
 
     name: ClassVar[str] = "backend"
@@ -49,6 +54,7 @@ class Backend:
     supports_tensors: ClassVar[bool] = False
     main_process_only: ClassVar[bool] = True
     critical: ClassVar[bool] = False
+    produces_findings: ClassVar[bool] = False
 
     @classmethod
     def detect(cls) -> bool:
@@ -72,6 +78,12 @@ class Backend:
 
     def write(self, record: StepRecord) -> None:
         raise NotImplementedError
+
+    def write_finding(self, finding: Finding) -> None:  # noqa: B027 - optional hook
+        """A rule fired (see :mod:`tensorlens.rules`): show or store it. Default: ignore it."""
+
+    def bind_findings(self, sink: Callable[[Finding], None]) -> None:  # noqa: B027 - optional hook
+        """Called once by the dispatcher: where a backend that ``produces_findings`` sends them."""
 
     def flush(self) -> None:  # noqa: B027
         """Make everything written so far durable or visible."""

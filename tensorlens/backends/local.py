@@ -7,6 +7,7 @@ import os
 from typing import ClassVar
 
 from tensorlens.backends.base import Backend, RunInfo
+from tensorlens.findings import Finding
 from tensorlens.records import StepRecord
 from tensorlens.store.schema import store_filename
 from tensorlens.store.writer import RunStoreWriter
@@ -35,6 +36,10 @@ class LocalBackend(Backend):
     def write(self, record: StepRecord) -> None:
         assert self._writer is not None, "LocalBackend.write before open"
         self._writer.write(record)
+
+    def write_finding(self, finding: Finding) -> None:
+        assert self._writer is not None, "LocalBackend.write_finding before open"
+        self._writer.write_finding(finding)
 
     def close(self) -> None:
         if self._writer is not None:

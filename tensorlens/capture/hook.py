@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import re
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -30,7 +31,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils.hooks import RemovableHandle
 
 from tensorlens._checks import expected
-from tensorlens.capture.modules import ModuleTaps, compiling, in_backward
+from tensorlens._runtime import compiling, in_backward
+from tensorlens.capture.modules import ModuleTaps
 from tensorlens.engine.recorder import Recorder, guarded
 from tensorlens.modes import ModeKeys
 
@@ -65,12 +67,34 @@ class Hook(Recorder):
             enable the collection with ``include_collections=[..., "dynamics"]``).
         epoch_statistics: the statistics :meth:`end_epoch` aggregates: ``None`` (plain values,
             ``l2`` and the dynamics), ``"all"``, or names such as ``["l2", "gradients/std"]``.
+        collective_timeout: seconds tensorlens's own collectives may wait for the other ranks
+            (default ``$TENSORLENS_COLLECTIVE_TIMEOUT`` or 60); a rank that stops taking part
+            costs the others this once, then each records its own values, with one warning.
+        scales: record the per-op forward and backward scales at the steps the ``scales``
+            collection saves (:mod:`tensorlens.scales`); ``scales_plot_interval``: every this
+            many of those steps the log2 plot is drawn into ``<run_dir>/scales/`` (``None``: never).
+        rules: :mod:`tensorlens.rules` checked on every saved step in the background; their
+            actions are taken at the next optimizer step (``hook.should_stop``, ``hook.findings()``).
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, scales: bool = False, scales_plot_interval: int | None = 10, **kwargs: Any) -> None:
+        if not isinstance(scales, bool):
+            raise expected("scales", "a bool", scales)
+        if scales_plot_interval is not None and (
+            isinstance(scales_plot_interval, bool) or not isinstance(scales_plot_interval, int) or scales_plot_interval < 1
+        ):
+            raise expected("scales_plot_interval", "None or an integer >= 1", scales_plot_interval)
         super().__init__(*args, **kwargs)
-        self._taps = ModuleTaps(self.capture, self.warn_once, self.dynamics)
+        self._taps = ModuleTaps(self._untraced(self.capture), self.warn_once, _UntracedDynamics(self.dynamics, self._untraced))
         self.add_source(self._taps)
+        self._scales: Any = None
+        if scales:
+            from tensorlens.scales.source import ScaleSource
+
+            self.planner.enable("scales")
+            self._scales = ScaleSource(self.run_dir, scales_plot_interval)
+            self.add_source(self._scales)
+            self._arm_scales()
         self._root_handles: list[RemovableHandle] = []
         self._hooked_roots: set[int] = set()  # ids of the modules whose forward marks a step
         self._forward_depth = 0
@@ -81,6 +105,18 @@ class Hook(Recorder):
         ]
         self._atexit = self._weak(Hook.close)
         atexit.register(self._atexit)
+
+    @classmethod
+    def create_from_json_file(cls, json_file_path: str | None = None, **overrides: Any) -> Hook:
+        """A hook from SageMaker Debugger's JSON hook configuration (``json_file_path``, else
+        ``$TENSORLENS_CONFIG_FILE_PATH``, else SageMaker's default location); see
+        :mod:`tensorlens.json_config`.
+
+        >>> hook = tl.Hook.create_from_json_file("debughookconfig.json")   # doctest: +SKIP
+        """
+        from tensorlens.json_config import create_hook_from_json_file
+
+        return create_hook_from_json_file(cls, json_file_path, **overrides)
 
     def _weak(self, method: Callable[..., Any]) -> Callable[..., Any]:
         """A callable that does not keep the hook alive (global hooks, atexit)."""
@@ -116,7 +152,7 @@ class Hook(Recorder):
             return self
         self._hooked_roots.add(id(hooked))
         # always_call: a forward that raises (a skipped out-of-memory batch) still ends the call
-        self._root_handles.append(hooked.register_forward_pre_hook(self._weak(Hook._root_forward_pre)))
+        self._root_handles.append(hooked.register_forward_pre_hook(self._weak(Hook._root_forward_pre), with_kwargs=True))
         self._root_handles.append(hooked.register_forward_hook(self._weak(Hook._root_forward_post), always_call=True))
         return self
 
@@ -138,7 +174,7 @@ class Hook(Recorder):
         def record(module: nn.Module, args: Any, output: Any) -> None:
             hook = recorder()
             if hook is not None and (compiling() or not in_backward()):
-                hook.add_loss(loss_name, output)
+                hook._untraced(hook.add_loss)(loss_name, output)
 
         self._root_handles.append(loss_module.register_forward_hook(record))
         return self
@@ -150,8 +186,22 @@ class Hook(Recorder):
             return self.explicit_mode
         return ModeKeys.TRAIN if module.training else ModeKeys.EVAL
 
+    def _untraced(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` with the per-op scale recording paused (tensorlens's own ops are not the model's)."""
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self._scales is None or not self._scales.capture.capturing:
+                return fn(*args, **kwargs)
+            with self._scales.paused():
+                return fn(*args, **kwargs)
+
+        return call
+
+    def add_summary(self, name: str, value: Any, is_tensor: bool) -> None:
+        self._untraced(super().add_summary)(name, value, is_tensor)
+
     @guarded
-    def _root_forward_pre(self, module: nn.Module, args: Any) -> None:
+    def _root_forward_pre(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         if compiling():
             # traced by torch.compile (the root was compiled after it was watched): reading the
             # step counters here would guard the graph on them and recompile it every step
@@ -163,13 +213,21 @@ class Hook(Recorder):
         self._forward_depth += 1
         if self._forward_depth > 1:
             return
-        self.begin_step(self._current_mode(module))
+        self._untraced(self.begin_step)(self._current_mode(module))
+        if self._scales is not None and self.will_save("scales"):
+            self._scales.start(self._taps.roots, module, args, kwargs)
 
     @guarded
     def _root_forward_post(self, module: nn.Module, args: Any, output: Any) -> None:
         if compiling() or id(module) not in self._hooked_roots or in_backward():
             return
         self._forward_depth = max(0, self._forward_depth - 1)
+        if self._forward_depth == 0 and self._scales is not None:
+            self._scales.stop(output)
+        if self._forward_depth == 0 and sys.exc_info()[1] is not None:
+            # always_call: the forward raised (we run inside its exception handler); the loop
+            # will skip this batch, so what it captured must not join the next one's
+            self.abandon_step()
 
     def _optimizer_pre_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self.closed:
@@ -190,6 +248,18 @@ class Hook(Recorder):
     def _optimizer_post_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self.closed and self._primary_optimizer is not None and self._primary_optimizer() is optimizer:
             self._finish_train_step()
+            self._arm_scales()
+            self.take_rule_actions()  # a rule's "raise" leaves through optimizer.step()
+
+    def step(self) -> None:
+        super().step()
+        self._arm_scales()
+
+    def _arm_scales(self) -> None:
+        """Before a step that saves scales, a model compiled after it was watched must run eagerly
+        (its root hooks are traced by dynamo otherwise, and no op would be recorded)."""
+        if self._scales is not None and "torch._dynamo" in sys.modules and self.will_save("scales", ModeKeys.TRAIN):
+            self._scales.arm()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -198,6 +268,8 @@ class Hook(Recorder):
         if self.closed:
             return
         super().close()
+        if self._scales is not None:
+            self._scales.close()
         for handle in self._root_handles + self._optimizer_handles:
             handle.remove()
         self._root_handles.clear()
@@ -206,6 +278,20 @@ class Hook(Recorder):
 
     def __enter__(self) -> Hook:
         return self
+
+
+class _UntracedDynamics:
+    """The recorder's :class:`~tensorlens.engine.dynamics.Dynamics` as module hooks see it: its
+    reductions are tensorlens's own ops, so per-op scale recording is paused around them."""
+
+    def __init__(self, dynamics: Any, untraced: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        self._dynamics = dynamics
+        self.add_output = untraced(dynamics.add_output)
+        self.add_grad_norms = untraced(dynamics.add_grad_norms)
+
+    @property
+    def config(self) -> Any:
+        return self._dynamics.config
 
 
 def _watch_targets(module: nn.Module) -> tuple[nn.Module, nn.Module]:

@@ -41,24 +41,13 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from tensorlens._runtime import compiling, in_backward
 from tensorlens.config import DynamicsConfig
 from tensorlens.stats.derived import sample_norms
 
 _MAX_DEPTH = 6
 
 OnTensor = Callable[[str, str, str, torch.Tensor], None]  # (kind, module name, tensor name, tensor)
-
-
-def in_backward() -> bool:
-    """Whether autograd is running a backward pass in this thread (a checkpointed forward being
-    recomputed: ``use_reentrant`` either way)."""
-    return torch._C._current_graph_task_id() != -1
-
-
-def compiling() -> bool:
-    """Whether ``torch.compile`` is tracing the caller (``torch.compiler.is_compiling``, torch >= 2.3)."""
-    check = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-    return bool(check()) if check is not None else False
 
 
 def _skip_call() -> bool:

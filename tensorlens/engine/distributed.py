@@ -22,26 +22,108 @@ same order, with an empty piece for a tensor it did not see. One 8-byte ``all_ga
 digest of the job list settles the common case (every rank saw the same tensors); only when the
 digests differ are the job lists themselves exchanged (``all_gather_object``).
 
-Works with ``gloo`` (CPU tensors; CUDA tensors are moved to the CPU for the collective) and
-``nccl`` (CUDA tensors; CPU tensors are moved to the current CUDA device), and leaves tensors
-where they are for other backends. Results come back on the device of the inputs.
+A rank that fails without exiting (stuck in a data loader, killed by the job's scheduler
+while its peers live on, or no longer recording) must not hold the others inside tensorlens's
+collective until the process group's own timeout (30 minutes by default). So tensorlens makes
+its collectives on a ``gloo`` group of its own, created on first use with its own timeout
+(``timeout``, default 60 s, or ``$TENSORLENS_COLLECTIVE_TIMEOUT`` in seconds): a collective that
+fails or waits longer raises there, and the reducer warns once and goes on with this rank's own
+values for the rest of the run (:attr:`CollectiveReducer.active` turns ``False``). Training's
+own process group is never touched. Being ``gloo``, the group moves CUDA tensors to the CPU for
+the collective (a few small arrays per saved step); where gloo is missing, the default backend
+is used with the same timeout. Results come back on the device of the inputs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
-from collections.abc import Sequence
-from typing import Any
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
+from tensorlens._checks import expected
 from tensorlens.config import HistogramConfig
 from tensorlens.engine.jobs import TensorJob
 from tensorlens.stats.moments import merge_partials
 
-__all__ = ["CollectiveReducer", "broadcast_run", "is_sharded", "local_piece"]
+__all__ = ["COLLECTIVE_TIMEOUT_S", "CollectiveReducer", "broadcast_run", "collective_timeout", "is_sharded", "local_piece"]
+
+#: How long one of tensorlens's collectives may wait for the other ranks, in seconds.
+COLLECTIVE_TIMEOUT_S = 60.0
+_TIMEOUT_ENV = "TENSORLENS_COLLECTIVE_TIMEOUT"
+_T = TypeVar("_T")
+
+
+def collective_timeout(timeout: float | None = None) -> float:
+    """``timeout``, else ``$TENSORLENS_COLLECTIVE_TIMEOUT``, else 60 s (checked: a positive number).
+
+    >>> collective_timeout(5)
+    5.0
+    """
+    source = "timeout"
+    if timeout is None:
+        raw = os.environ.get(_TIMEOUT_ENV)
+        if raw is None:
+            return COLLECTIVE_TIMEOUT_S
+        source = _TIMEOUT_ENV
+        try:
+            timeout = float(raw)
+        except ValueError:
+            raise expected(source, "a positive number of seconds", raw) from None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+        raise expected(source, "a positive number of seconds", timeout)
+    return float(timeout)
+
+
+# One timed group per (world, ranks, timeout) and process: every hook in reduce mode shares it, so
+# the groups are created in the same order on every rank however many hooks there are. Once a
+# collective on it failed, the ranks no longer agree on how far they got (nor, if creating it
+# failed, on how many groups exist), so it is never used, nor created, again in this world.
+_TIMED_GROUPS: dict[tuple[int, tuple[int, ...] | None, float], Any] = {}
+_BROKEN = object()
+
+
+def _group_key(group: Any, timeout: float) -> tuple[int, tuple[int, ...] | None, float]:
+    ranks = None if group is None else tuple(dist.get_process_group_ranks(group))
+    return id(dist.group.WORLD), ranks, timeout
+
+
+def _timed_group(group: Any, timeout: float) -> Any:
+    """tensorlens's own group with the ranks of ``group`` (None: the world) and its own timeout."""
+    key = _group_key(group, timeout)
+    found = _TIMED_GROUPS.get(key)
+    if found is _BROKEN:
+        raise RuntimeError("an earlier collective of tensorlens failed in this process group")
+    if found is None:
+        _TIMED_GROUPS[key] = _BROKEN  # until it exists: a failed creation is final too
+        _, ranks, _ = key
+        options: dict[str, Any] = {"timeout": datetime.timedelta(seconds=timeout)}
+        if dist.is_gloo_available():
+            options["backend"] = "gloo"
+        if ranks is not None:  # only the members call this: they synchronise among themselves
+            options.update(ranks=list(ranks), use_local_synchronization=True)
+        found = _TIMED_GROUPS[key] = dist.new_group(**options)
+    return found
+
+
+def _broken(group: Any, timeout: float) -> None:
+    _TIMED_GROUPS[_group_key(group, timeout)] = _BROKEN
+
+
+def _warn_collective_failed(what: str, err: BaseException, timeout: float) -> None:
+    warnings.warn(
+        f"tensorlens: a collective across ranks ({what}) failed or waited more than {timeout:g} s "
+        f"({type(err).__name__}: {str(err)[:300]}); a rank may have failed or stopped recording, so this rank "
+        f"records its own values from now on, without merging (set {_TIMEOUT_ENV} to wait longer) "
+        "(training continues; this warning is shown once)",
+        stacklevel=4,
+    )
 
 
 def _is_dtensor(tensor: torch.Tensor) -> bool:
@@ -90,11 +172,23 @@ def local_piece(tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return local, True
 
 
-def broadcast_run(run_name: str, run_dir: str, group: Any = None) -> tuple[str, str]:
+def broadcast_run(run_name: str, run_dir: str, group: Any = None, timeout: float | None = None) -> tuple[str, str]:
     """Rank 0's run name and folder on every rank, so that ``include_workers="all"`` writes
-    one folder (each rank's default name holds a time and a random id)."""
+    one folder (each rank's default name holds a time and a random id).
+
+    Bounded by ``timeout`` (see :func:`collective_timeout`): when rank 0 does not take part in
+    time, one warning, and this rank keeps its own name and folder.
+    """
+    seconds = collective_timeout(timeout)
     payload: list[Any] = [(run_name, run_dir)]
-    dist.broadcast_object_list(payload, src=0, group=group)
+    try:
+        timed = _timed_group(group, seconds)
+        src = 0 if group is None else dist.get_global_rank(group, 0)
+        dist.broadcast_object_list(payload, src=src, group=timed)
+    except Exception as err:  # a rank that failed or never creates its hook: go on alone
+        _broken(group, seconds)
+        _warn_collective_failed("broadcast of the run folder", err, seconds)
+        return run_name, run_dir
     name, directory = payload[0]
     return str(name), str(directory)
 
@@ -125,26 +219,43 @@ class CollectiveReducer:
 
     Every method is a collective: all ranks of ``group`` (default: the world) must call it in
     the same order with tensors of the same shapes; :meth:`agree_jobs` arranges that for a step.
+    They run on tensorlens's own group of the same ranks, each bounded by ``timeout`` seconds
+    (see :func:`collective_timeout`); after one fails, every method returns this rank's own
+    values without communicating, and :attr:`active` is ``False``.
 
-    >>> reducer = CollectiveReducer()                      # doctest: +SKIP
+    >>> reducer = CollectiveReducer(timeout=60)            # doctest: +SKIP
     >>> StepStatistics().compute(reducer.agree_jobs(jobs), reducer)  # doctest: +SKIP
     """
 
-    def __init__(self, group: Any = None) -> None:
+    def __init__(self, group: Any = None, timeout: float | None = None) -> None:
         self.group = group
+        self.timeout = collective_timeout(timeout)
+        self.failed: str | None = None  # what failed, once a collective did
 
     @property
     def active(self) -> bool:
-        """Whether the process group can still be used (not yet destroyed)."""
-        return dist.is_available() and dist.is_initialized()
+        """Whether collectives are still made: the process group exists and none has failed."""
+        return self.failed is None and dist.is_available() and dist.is_initialized()
 
     @property
     def world_size(self) -> int:
         return dist.get_world_size(self.group)
 
+    def _collective(self, what: str, run: Callable[[Any], _T], local: Callable[[], _T]) -> _T:
+        """``run(group)`` on the timed group, or ``local()`` once a collective failed."""
+        if self.failed is not None:
+            return local()
+        try:
+            return run(_timed_group(self.group, self.timeout))
+        except Exception as err:  # a timeout, a rank that left: never again, never a hang
+            self.failed = what
+            _broken(self.group, self.timeout)
+            _warn_collective_failed(what, err, self.timeout)
+            return local()
+
     def _device(self, tensor: torch.Tensor | None = None) -> torch.device:
-        """The device collectives of this group need: CPU for gloo, the current GPU for nccl."""
-        backend = str(dist.get_backend(self.group)).lower()
+        """The device collectives of the timed group need: CPU for gloo, the current GPU for nccl."""
+        backend = str(dist.get_backend(_timed_group(self.group, self.timeout))).lower()
         if backend == "gloo":
             return torch.device("cpu")
         if backend == "nccl":
@@ -152,32 +263,43 @@ class CollectiveReducer:
         # mpi, device-dispatching groups ("cpu:gloo,cuda:nccl"), other accelerators: as they are
         return tensor.device if tensor is not None else torch.device("cpu")
 
-    def _all_reduce(self, values: torch.Tensor, op: Any) -> torch.Tensor:
+    def _all_reduce(self, values: torch.Tensor, op: Any, group: Any) -> torch.Tensor:
         device = self._device(values)
         buffer = values.detach().reshape(-1).to(device, copy=True)  # never reduce into the caller's tensor
-        dist.all_reduce(buffer, op=op, group=self.group)
+        dist.all_reduce(buffer, op=op, group=group)
         return buffer.reshape(values.shape).to(values.device)
 
     def merge_rows(self, rows: torch.Tensor, partitioned: torch.Tensor) -> torch.Tensor:
         """The partial rows of the whole: merged across ranks where ``partitioned``, this rank's
         own (identical on every rank) elsewhere."""
-        device = self._device(rows)
-        local = rows.detach().to(device).contiguous()
-        gathered = [torch.empty_like(local) for _ in range(self.world_size)]
-        dist.all_gather(gathered, local, group=self.group)
-        merged = merge_partials(torch.stack(gathered, dim=-2)).to(rows.device)  # [N, W, K] -> [N, K]
-        keep = partitioned.to(device=rows.device, dtype=torch.bool).reshape(-1, 1)
-        return torch.where(keep, merged, rows.to(merged.dtype))
+
+        def run(group: Any) -> torch.Tensor:
+            device = self._device(rows)
+            local = rows.detach().to(device).contiguous()
+            gathered = [torch.empty_like(local) for _ in range(self.world_size)]
+            dist.all_gather(gathered, local, group=group)
+            merged = merge_partials(torch.stack(gathered, dim=-2)).to(rows.device)  # [N, W, K] -> [N, K]
+            keep = partitioned.to(device=rows.device, dtype=torch.bool).reshape(-1, 1)
+            return torch.where(keep, merged, rows.to(merged.dtype))
+
+        return self._collective("all_gather of the partial statistics", run, lambda: rows)
 
     def min_max(self, low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The smallest ``low`` and the largest ``high`` of all ranks, in one ``all_reduce``."""
-        both = torch.stack([low.to(torch.float64), -high.to(torch.float64)])
-        reduced = self._all_reduce(both, dist.ReduceOp.MIN)
-        return reduced[0].to(low.dtype), (-reduced[1]).to(high.dtype)
+
+        def run(group: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            both = torch.stack([low.to(torch.float64), -high.to(torch.float64)])
+            reduced = self._all_reduce(both, dist.ReduceOp.MIN, group)
+            return reduced[0].to(low.dtype), (-reduced[1]).to(high.dtype)
+
+        return self._collective("all_reduce of the histogram ranges", run, lambda: (low, high))
 
     def sum(self, values: torch.Tensor) -> torch.Tensor:
         """``values`` summed over all ranks (histogram counts, NaN/Inf counts)."""
-        return self._all_reduce(values, dist.ReduceOp.SUM)
+        return self._collective(
+            "all_reduce of the histogram counts", lambda group: self._all_reduce(values, dist.ReduceOp.SUM, group),
+            lambda: values,
+        )
 
     # ------------------------------------------------------------------ agreeing on a step's jobs
 
@@ -190,18 +312,21 @@ class CollectiveReducer:
         how many collectives the step makes.
         """
         specs = [_spec(job) for job in jobs]
+        return self._collective("agreeing on the step's tensors", lambda group: self._agree(jobs, specs, group), lambda: list(jobs))
+
+    def _agree(self, jobs: Sequence[TensorJob], specs: list[_JobSpec], group: Any) -> list[TensorJob]:
         keys = _keys(specs)
         digest = hashlib.blake2b(repr(specs).encode(), digest_size=8).digest()
         mine = torch.tensor([int.from_bytes(digest, "little", signed=True)], dtype=torch.int64)
         device = self._device(mine)
         gathered = [torch.empty(1, dtype=torch.int64, device=device) for _ in range(self.world_size)]
-        dist.all_gather(gathered, mine.to(device), group=self.group)
+        dist.all_gather(gathered, mine.to(device), group=group)
         digests = torch.cat(gathered).cpu()  # one host copy, whatever the device
         if bool((digests == digests[0]).all()):
             return list(jobs)  # every rank holds the same job list, in the same order
 
         everyone: list[Any] = [None] * self.world_size
-        dist.all_gather_object(everyone, specs, group=self.group)
+        dist.all_gather_object(everyone, specs, group=group)
         first: dict[tuple[str, int], _JobSpec] = {}
         holders: dict[tuple[str, int], int] = {}
         partitioned: dict[tuple[str, int], bool] = {}
@@ -245,16 +370,19 @@ class CollectiveReducer:
         exchanged only when they differ.
         """
         listed = [(str(n), int(k)) for n, k in sizes]
+        return self._collective("agreeing on the dynamics' layout", lambda group: self._agree_sizes(listed, group), lambda: listed)
+
+    def _agree_sizes(self, listed: list[tuple[str, int]], group: Any) -> list[tuple[str, int]]:
         digest = hashlib.blake2b(repr(listed).encode(), digest_size=8).digest()
         mine = torch.tensor([int.from_bytes(digest, "little", signed=True)], dtype=torch.int64)
         device = self._device(mine)
         gathered = [torch.empty(1, dtype=torch.int64, device=device) for _ in range(self.world_size)]
-        dist.all_gather(gathered, mine.to(device), group=self.group)
+        dist.all_gather(gathered, mine.to(device), group=group)
         digests = torch.cat(gathered).cpu()
         if bool((digests == digests[0]).all()):
             return listed
         everyone: list[Any] = [None] * self.world_size
-        dist.all_gather_object(everyone, listed, group=self.group)
+        dist.all_gather_object(everyone, listed, group=group)
         union: dict[str, int] = {}
         for rank_sizes in everyone:
             for name, size in rank_sizes:

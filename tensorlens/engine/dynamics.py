@@ -443,6 +443,25 @@ class Dynamics:
 
     # ------------------------------------------------------------------ lifecycle
 
+    def mark(self) -> dict[Any, Any]:
+        """What the module captures hold now (:meth:`rollback` returns to it)."""
+        return {
+            "units": {k: (a.counts, a.positions, a.saturated, a.values, len(a.norms)) for k, a in self._units.items()},
+            "grads": {k: len(v) for k, v in self._grad_norms.items()},
+        }
+
+    def rollback(self, mark: dict[Any, Any]) -> None:
+        """Forget the module captures made since ``mark`` (a forward that raised: the batch is
+        skipped); earlier micro-batches are kept."""
+        units: dict[tuple[ModeKeys, str], _Units] = {}
+        for key, acc in self._units.items():
+            if key in mark["units"]:
+                acc.counts, acc.positions, acc.saturated, acc.values, kept = mark["units"][key]
+                del acc.norms[kept:]
+                units[key] = acc
+        self._units = units
+        self._grad_norms = {k: v[: mark["grads"][k]] for k, v in self._grad_norms.items() if k in mark["grads"]}
+
     def drop_captures(self, mode: ModeKeys | None = None) -> None:
         """Forget module captures (of ``mode``, or all): a step that records none of them."""
         self._units = {k: v for k, v in self._units.items() if mode is not None and k[0] != mode}

@@ -67,6 +67,24 @@ class PendingCaptures:
         found = {k[0] for k in self._scalars} | {m for m, v in self._explicit.items() if v}
         return sorted(found, key=list(ModeKeys).index)
 
+    def mark(self) -> tuple[dict[object, int], ...]:
+        """A snapshot of how much is pending, for :meth:`rollback`."""
+        return (
+            {k: len(v) for k, v in self._tensors.items()},
+            {k: len(v) for k, v in self._scalars.items()},
+            {k: len(v) for k, v in self._explicit.items()},
+        )
+
+    def rollback(self, mark: tuple[dict[object, int], ...]) -> None:
+        """Forget what was added since ``mark`` (a forward that raised: its batch is skipped)."""
+        for store, lengths in zip((self._tensors, self._scalars, self._explicit), mark, strict=True):
+            for key in list(store):
+                keep = lengths.get(key, 0)
+                if keep:
+                    del store[key][keep:]
+                else:
+                    del store[key]
+
     def clear(self) -> None:
         self._tensors.clear()
         self._scalars.clear()

@@ -21,16 +21,18 @@ import functools
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from tensorlens._checks import expected
+from tensorlens._checks import expected, names_list
+from tensorlens._runtime import compiling, distributed_rank
 from tensorlens.backends.base import Backend, RunInfo, active_run_name, resolve_backends
 from tensorlens.capture import summaries
-from tensorlens.collection import DEFAULT_KINDS, MODULE_KINDS, PARAMETER_KINDS, Collection, Kind, parameter_kind
+from tensorlens.collection import DEFAULT_KINDS, MODULE_KINDS, Collection, Kind
 from tensorlens.config import DynamicsConfig, HistogramConfig, ReductionConfig, SaveConfig
 from tensorlens.dispatch import BackendStats, Dispatcher
+from tensorlens.engine import gather
 from tensorlens.engine.assemble import HostStatistics, PendingStep, build_record
 from tensorlens.engine.dynamics import Dynamics
 from tensorlens.engine.epochs import EpochAggregator, EpochEnd, check_epoch_statistics
@@ -42,7 +44,12 @@ from tensorlens.modes import ModeKeys
 from tensorlens.records import ScalarEntry
 from tensorlens.stats import native
 from tensorlens.store import runs
-from tensorlens.store.schema import last_steps, store_filename
+from tensorlens.store.files import last_steps
+from tensorlens.store.schema import store_filename
+
+if TYPE_CHECKING:
+    from tensorlens.findings import Finding
+    from tensorlens.rules.base import Rule
 
 WORKER_MODES = ("reduce", "one", "all")
 #: Captured tensors of at least this many values are reduced in the hook (see Recorder.capture).
@@ -58,6 +65,13 @@ class TensorSource(Protocol):
     def attach(self, collections: list[Collection]) -> None: ...
 
     def detach(self) -> None: ...
+
+
+class ScalarSource(TensorSource, Protocol):
+    """A source that also gives numbers of its own when a train step ends (after backward), such
+    as the per-op scales (:class:`tensorlens.scales.source.ScaleSource`)."""
+
+    def step_scalars(self, saving: frozenset[str], step: int) -> list[ScalarEntry]: ...
 
 
 def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -101,6 +115,8 @@ class Recorder:
         resume: str = "never",
         dynamics_config: DynamicsConfig | None = None,
         epoch_statistics: Iterable[str] | str | None = None,
+        rules: Sequence[Rule] | None = None,
+        collective_timeout: float | None = None,
     ) -> None:
         if save_config is not None and not isinstance(save_config, SaveConfig):
             raise expected("save_config", "a tl.SaveConfig", save_config)
@@ -120,24 +136,37 @@ class Recorder:
         if dynamics_config is not None and not isinstance(dynamics_config, DynamicsConfig):
             raise expected("dynamics_config", "None or a tl.DynamicsConfig", dynamics_config)
         chosen_epoch_statistics = check_epoch_statistics(epoch_statistics)
+        if collective_timeout is not None and (
+            isinstance(collective_timeout, bool) or not isinstance(collective_timeout, (int, float)) or not collective_timeout > 0
+        ):
+            raise expected("collective_timeout", "None or a positive number of seconds", collective_timeout)
+        self.collective_timeout = collective_timeout
 
         self.planner = Planner(
             save_config or SaveConfig(),
             reduction_config,
             histogram_config or HistogramConfig(),
-            DEFAULT_KINDS if include_collections is None else _names_list("include_collections", include_collections),
+            DEFAULT_KINDS if include_collections is None else names_list("include_collections", include_collections),
             include_regex,
         )
         self.include_workers = include_workers
-        self.rank, self.world_size = _distributed_rank()
+        self.rank, self.world_size = distributed_rank()
         self.worker = "reduced" if self.world_size > 1 and include_workers == "reduce" else f"worker_{self.rank}"
         self._reducer: Any = None
         if self.world_size > 1 and include_workers == "reduce":
             from tensorlens.engine.distributed import CollectiveReducer
 
-            self._reducer = CollectiveReducer()
+            self._reducer = CollectiveReducer(timeout=collective_timeout)
 
         self._backends = resolve_backends(backends, self.rank)
+        self._rules: Any = None
+        if rules is not None:  # imported here: a recorder without rules never loads them
+            from tensorlens.rules.online import RuleRunner
+
+            runner = RuleRunner(rules)  # checks the rules before anything is created
+            if self.rank == 0:  # rules read rank 0's records, as trackers do
+                self._rules = runner
+                self._backends.append(runner)
         self.run_name, self.run_dir, self.resumed = self._run_location(out_dir, run_name, resume)
         run = RunInfo(self.run_name, self.run_dir, self.rank, self.world_size, {"include_workers": include_workers})
         # epoch aggregates are taken from the records on the dispatcher thread (see engine/epochs.py)
@@ -154,6 +183,8 @@ class Recorder:
         self._sources: list[TensorSource] = []
         self._attached = False
         self._pending = PendingCaptures()
+        self._mark: tuple[dict[object, int], ...] | None = None  # pending at the last begin_step
+        self._dynamics_mark: Any = None  # the dynamics' module captures at the last begin_step
         self._pre_step: tuple[HostStatistics, list[ScalarEntry]] | None = None
         self._update_snapshot: list[tuple[str, torch.Tensor, torch.Tensor]] = []
         self._engine = StepStatistics()
@@ -171,28 +202,16 @@ class Recorder:
     # ------------------------------------------------------------------ run location
 
     def _run_location(self, out_dir: Any, run_name: str | None, resume: str) -> tuple[str, str, bool]:
-        """``(run name, run folder, resumed)``. Rank 0 (or the only process) claims the folder;
-        under ``torch.distributed`` every rank takes rank 0's, and a rank that writes a store of
-        its own (``include_workers="all"``) claims its own file in it."""
-        import os
-
-        derived = run_name is None and out_dir is None
-        name = run_name or active_run_name(self._backends) or runs.default_run_name()
-        wanted = os.path.abspath(os.fspath(out_dir)) if out_dir is not None else os.path.abspath(
-            os.path.join(runs.DEFAULT_RUNS_DIR, runs.folder_name(name))
-        )
-        run_dir, resumed = wanted, False
-        if self.rank == 0:
-            run_dir, resumed = runs.claim_store(wanted, self._store_file(), resume, derived)
-            if run_dir != wanted:  # a derived name that was taken: "<name>-2", ...
-                name += run_dir[len(wanted):]
+        share = None
         if self.world_size > 1:
             from tensorlens.engine.distributed import broadcast_run
 
-            name, run_dir = broadcast_run(name, run_dir)
-            if self.rank != 0 and self.include_workers == "all":
-                run_dir, resumed = runs.claim_store(run_dir, self._store_file(), "allow" if resume == "never" else resume, False)
-        return name, run_dir, resumed
+            def share(name: str, run_dir: str) -> tuple[str, str]:
+                return broadcast_run(name, run_dir, timeout=self.collective_timeout)
+        return runs.locate(
+            out_dir, run_name, active_run_name(self._backends), resume, self._store_file(), rank=self.rank,
+            own_store=self.rank == 0 or self.include_workers == "all", share=share,
+        )
 
     def _store_file(self) -> str:
         return store_filename(f"worker_{self.rank}", primary=self.rank == 0)
@@ -202,7 +221,7 @@ class Recorder:
         ``set_step`` sets the true step (the Lightning callback does it from the trainer)."""
         import os
 
-        found = last_steps(os.path.join(self.run_dir, self._store_file()))
+        found = {ModeKeys.coerce(m): last for m, last in last_steps(os.path.join(self.run_dir, self._store_file())).items()}
         if ModeKeys.TRAIN in found:
             self.global_step = found[ModeKeys.TRAIN] + 1
         for mode, last in found.items():
@@ -349,7 +368,7 @@ class Recorder:
             return
         # traced by torch.compile: keep the value whatever the step (the step boundary drops it on
         # unsaved steps); reading the step counters here would recompile the graph every step
-        if not _compiling() and Kind.LOSSES not in self._saving(self._mode):
+        if not compiling() and Kind.LOSSES not in self._saving(self._mode):
             return
         value = value.detach()
         self._pending.add_scalar(
@@ -359,7 +378,7 @@ class Recorder:
     def add_summary(self, name: str, value: Any, is_tensor: bool) -> None:
         """``tl.summarize_scalar`` / ``tl.summarize_tensor`` land here (from inside ``forward``)."""
         try:
-            if self._closed or self._paused or (not _compiling() and Kind.SUMMARIES not in self._saving(self._mode)):
+            if self._closed or self._paused or (not compiling() and Kind.SUMMARIES not in self._saving(self._mode)):
                 return
             if is_tensor:
                 if not isinstance(value, torch.Tensor):
@@ -388,7 +407,7 @@ class Recorder:
             self.warn_once(f"capturing {kind}/{name}: {type(err).__name__}: {err}")
 
     def _reduce_captured(self, kind: str, module_name: str, tensor: torch.Tensor) -> ReducedPiece | None:
-        if _compiling() or tensor.device.type != "cpu" or tensor.layout != torch.strided or tensor.numel() < REDUCE_WHEN_CAPTURED:
+        if compiling() or tensor.device.type != "cpu" or tensor.layout != torch.strided or tensor.numel() < REDUCE_WHEN_CAPTURED:
             return None
         plan = self.planner.capture_plan(self._mode, kind, module_name, self._saving(self._mode))
         return reduce_now(tensor, plan) if plan is not None else None
@@ -406,6 +425,8 @@ class Recorder:
         if self._open_eval is not None:
             self._close_eval_step()  # the next step begins: the previous eval step is complete
         self._mode = mode
+        self._mark = self._pending.mark()
+        self._dynamics_mark = self.dynamics.mark()
         if mode in (ModeKeys.EVAL, ModeKeys.PREDICT):
             self._open_eval = mode
         module_collections = self.planner.with_kinds(self._saving(mode), MODULE_KINDS)
@@ -413,6 +434,16 @@ class Recorder:
             for source in self._sources:
                 source.attach(module_collections)
             self._attached = True
+
+    def abandon_step(self) -> None:
+        """Forget what was captured since the last :meth:`begin_step`: its forward raised and the
+        loop skips the batch (the out-of-memory pattern); earlier micro-batches are kept."""
+        if self._mark is not None:
+            self._pending.rollback(self._mark)
+            self._mark = None
+        if self._dynamics_mark is not None:
+            self.dynamics.rollback(self._dynamics_mark)
+            self._dynamics_mark = None
 
     @guarded
     def end_step(self) -> None:
@@ -431,12 +462,12 @@ class Recorder:
         self._mode = mode
         saving = self._saving(mode)
         jobs = self._parameter_jobs(saving) + self._pending_jobs(saving, mode)
-        host_scalars = self._optimizer_scalars(optimizer, saving)
+        host_scalars = self._optimizer_scalars(optimizer, saving) + self._source_scalars(saving)
         self._pre_step = (self._compute(jobs, saving), host_scalars)
         self._dynamics_before_update(saving, mode)
         if self.planner.with_kinds(saving, (Kind.UPDATES,)):
             self._update_snapshot = [
-                (name, p, _piece(p)[0].detach().clone()) for name, p in self._parameters()
+                (name, p, gather.local_piece(p)[0].detach().clone()) for name, p in self._parameters()
                 if self.planner.collections_for(Kind.UPDATES, name, saving)
             ]
 
@@ -446,6 +477,26 @@ class Recorder:
         if self._pre_step is None:
             self.prepare_step(None)
         self._finish_train_step()
+        self.take_rule_actions()
+
+    # ------------------------------------------------------------------ rules
+
+    def take_rule_actions(self) -> bool:
+        """Take the actions of the rules that fired since the last step boundary (called at every
+        train step boundary): warn, run callables, raise :class:`~tensorlens.rules.RuleEvaluationConditionMet`
+        for ``action="raise"``; returns :attr:`should_stop`. Not guarded: a raise is meant to reach
+        the training loop. Rules run in the background, so a finding surfaces at the first
+        boundary after its step has been checked."""
+        return self._rules.take_action() if self._rules is not None else False
+
+    @property
+    def should_stop(self) -> bool:
+        """True once a rule with ``action="stop"`` fired: end the training loop (``if hook.should_stop: break``)."""
+        return self._rules is not None and self._rules.should_stop
+
+    def findings(self) -> list[Finding]:
+        """What the rules found so far (``tl.open_run(run_dir).findings()`` reads them back)."""
+        return self._rules.findings() if self._rules is not None else []
 
     def _train_mode(self) -> ModeKeys:
         return self._explicit_mode if self._explicit_mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL) else ModeKeys.TRAIN
@@ -461,65 +512,21 @@ class Recorder:
         return out
 
     def _parameter_jobs(self, saving: frozenset[str]) -> list[TensorJob]:
-        jobs: list[TensorJob] = []
-        if not self.planner.with_kinds(saving, PARAMETER_KINDS):
-            return jobs
-        for name, param in self._parameters():
-            # DDP: replicated, taken as they are; FSDP2: this rank's shard, merged across ranks
-            kind = parameter_kind(name)
-            local, sharded = _piece(param)
-            for c in self.planner.collections_for(kind, name, saving):
-                jobs.append(self.planner.job(c, kind, name, [local], partitioned=sharded))
-            grad = param.grad
-            if grad is not None:
-                local_grad, grad_sharded = _piece(grad)
-                for c in self.planner.collections_for(Kind.GRADIENTS, name, saving):
-                    jobs.append(self.planner.job(c, Kind.GRADIENTS, name, [local_grad], partitioned=grad_sharded))
-        return jobs
+        return gather.parameter_jobs(self.planner, self._parameters(), saving)
 
     def _pending_jobs(self, saving: frozenset[str], mode: ModeKeys) -> list[TensorJob]:
         """Jobs for everything captured in ``mode`` since its last boundary; forgets those."""
-        jobs = []
-        for (kind, name), pieces in self._pending.take_tensors(mode).items():
-            # module captures were chosen by module name: match the collections the same way
-            match_name = self._pending.module_of.get(name, name) if kind in MODULE_KINDS else name
-            for c in self.planner.collections_for(kind, match_name, saving):
-                jobs.append(self.planner.job(c, kind, name, pieces))
-        for (kind, name), values in self._pending.take_scalars(mode).items():
-            collection = self.planner.collection(kind)
-            # save_scalar values were kept only on steps their collection saves
-            if kind != Kind.SCALARS and collection.name not in saving:
-                continue
-            tensors = [v if isinstance(v, torch.Tensor) else torch.tensor(float(v), dtype=torch.float64) for v in values]
-            device = tensors[0].device
-            job = self.planner.job(collection, kind, name, [t.to(device) for t in tensors])
-            job.plain_scalar = True  # summarize_scalar / save_scalar / losses: the number itself
-            # across ranks losses and summaries are averaged; a save_scalar value is rank 0's
-            job.partitioned = kind != Kind.SCALARS
-            jobs.append(job)
-        for collection_name, name, tensor in self._pending.take_explicit(mode):
-            collection = self.planner.collection(collection_name)
-            kind = collection.kinds[0] if collection.builtin else Kind.SUMMARIES.value
-            piece, sharded = _piece(tensor)  # a plain tensor is rank 0's, a sharded DTensor merged
-            job = self.planner.job(collection, kind, name, [piece], partitioned=sharded)
-            job.name = f"{collection_name}/{name}"
-            jobs.append(job)
-        return jobs
+        return gather.pending_jobs(self.planner, self._pending, saving, mode)
 
     def _optimizer_scalars(self, optimizer: torch.optim.Optimizer | None, saving: frozenset[str]) -> list[ScalarEntry]:
-        if optimizer is None or Kind.OPTIMIZER not in saving:
-            return []
-        out = []
-        for i, group in enumerate(optimizer.param_groups):
-            for key in ("lr", "momentum", "weight_decay", "betas", "eps"):
-                value = group.get(key)
-                values = value if isinstance(value, (tuple, list)) else [value]
-                for j, v in enumerate(values):
-                    if isinstance(v, torch.Tensor) and v.numel() == 1:
-                        v = float(v)
-                    if isinstance(v, (int, float)) and not isinstance(v, bool):
-                        suffix = f"{key}{j}" if len(values) > 1 else key
-                        out.append(ScalarEntry(f"optimizer/group{i}.{suffix}", None, float(v)))
+        return gather.optimizer_scalars(optimizer, saving)
+
+    def _source_scalars(self, saving: frozenset[str]) -> list[ScalarEntry]:
+        out: list[ScalarEntry] = []
+        for source in self._sources:
+            step_scalars = getattr(source, "step_scalars", None)
+            if step_scalars is not None:
+                out += step_scalars(saving, self.global_step)
         return out
 
     @guarded
@@ -538,7 +545,7 @@ class Recorder:
         # "reduce": on a saved step every rank computes, whatever it holds, so collectives match
         if self._update_snapshot or self._pending.has_explicit(mode) or (self._reducer is not None and saving) or derived is not None or jobs:
             for name, param, before in self._update_snapshot:
-                after, sharded = _piece(param)
+                after, sharded = gather.local_piece(param)
                 delta = after.detach() - before
                 for c in self.planner.collections_for(Kind.UPDATES, name, saving):
                     jobs.append(self.planner.job(c, Kind.UPDATES, name, [delta], partitioned=sharded))
@@ -615,7 +622,7 @@ class Recorder:
             and bool(self._saving_any_rank())
             and self.planner.saves(Kind.DYNAMICS, mode, self._mode_steps[mode] + 1)
         )
-        self.dynamics.before_update(self._parameters, self.global_step, Kind.DYNAMICS in saving, next_saves, _piece)
+        self.dynamics.before_update(self._parameters, self.global_step, Kind.DYNAMICS in saving, next_saves, gather.local_piece)
 
     def _saving_any_rank(self) -> bool:
         return not (self.world_size > 1 and self.include_workers == "one" and self.rank != 0)
@@ -637,7 +644,7 @@ class Recorder:
         (the Lightning callback does it with ``record_clipped_gradients``):
         ``dynamics/global`` then also holds ``grad_norm_clipped``."""
         self._check_open("read clipped gradients")
-        self.dynamics.read_clipped(self._parameters(), _piece)
+        self.dynamics.read_clipped(self._parameters(), gather.local_piece)
 
     def end_epoch(self, epoch: int | None = None) -> None:
         """Close an epoch: record the mean, min, max and std of the chosen statistics
@@ -715,21 +722,10 @@ class Recorder:
         summaries.deactivate(self)
         self._dispatcher.close()
         self._engine.release()
-        self._release_empty_claim()
-
-    def _release_empty_claim(self) -> None:
-        """A new run that recorded nothing leaves no folder behind (its claim was an empty file)."""
-        import os
-
-        if self.resumed:
-            return
-        path = os.path.join(self.run_dir, self._store_file())
-        try:
-            if os.path.isfile(path) and os.path.getsize(path) == 0:
-                os.remove(path)
-                os.rmdir(self.run_dir)  # only if empty
-        except OSError:
-            pass
+        if self._rules is not None:  # what the rules found last: warned about, never raised from close()
+            self._rules.take_action(raise_errors=False)
+        if not self.resumed:  # a new run that recorded nothing leaves no folder behind
+            runs.release_empty(self.run_dir, self._store_file())
 
     @property
     def closed(self) -> bool:
@@ -743,37 +739,3 @@ class Recorder:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(run_dir={self.run_dir!r}, step={self.global_step}, collections={self.enabled_collections()})"
-
-
-def _names_list(name: str, value: Iterable[str]) -> list[str]:
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, Iterable):
-        raise expected(name, "a list of collection names", value)
-    out = list(value)
-    for item in out:
-        if not isinstance(item, str):
-            raise expected(name, "a list of collection names", value)
-    return out
-
-
-def _piece(tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """``(what this rank contributes, partitioned)``; see :func:`tensorlens.engine.distributed.local_piece`."""
-    if not hasattr(tensor, "placements"):  # not a DTensor: skip importing torch.distributed.tensor
-        return tensor, False
-    from tensorlens.engine.distributed import local_piece
-
-    return local_piece(tensor)
-
-
-def _compiling() -> bool:
-    """Whether ``torch.compile`` is tracing the caller (``torch.compiler.is_compiling``, torch >= 2.3)."""
-    check = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-    return bool(check()) if check is not None else False
-
-
-def _distributed_rank() -> tuple[int, int]:
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1

@@ -86,7 +86,7 @@ class StepStatistics:
     def _values(self, job: TensorJob) -> torch.Tensor:
         """The job's values, flat in the compute dtype; for a reduced job, its histogram sample."""
         if len(job.pieces) == 1 and not isinstance(job.pieces[0], ReducedPiece) and job.pieces[0].dtype in _OWN_COMPUTE_DTYPE \
-                and job.pieces[0].layout == torch.strided:
+                and job.pieces[0].layout == torch.strided and job.pieces[0].device.type != "meta":
             return job.pieces[0].detach().reshape(-1)  # the usual parameter or gradient: a flat view
         if any(isinstance(piece, ReducedPiece) for piece in job.pieces):
             return torch.cat([piece.sample for piece in self._reduced_pieces(job)])

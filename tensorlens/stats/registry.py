@@ -165,6 +165,10 @@ statistic("l1", ("l1",), "sum of |x|")(lambda p: p["l1"])
 statistic("l2", ("sumsq",), "sqrt(sum of x^2)")(_l2)
 statistic("linf", (), "max |x|")(_linf)
 
+statistic("rms", ("sumsq",), "root mean square sqrt(mean(x^2)): the scale unit-scaled and low-precision training track")(
+    lambda p: np.where(_empty(p), _NAN, _l2(p) / np.sqrt(_safe_n(p)))
+)
+
 # The same reductions over |x|.
 statistic("abs_min", ("abs_min",), "smallest |x|")(lambda p: p["abs_min"])
 statistic("abs_max", (), "largest |x|")(_linf)

@@ -1,31 +1,39 @@
 """Reading a run back: ``tl.open_run(path)``, usable while the run is still being written.
 
+Nothing read is trusted: files, tables, rows, layouts and blobs are checked as they are read
+(:mod:`tensorlens.store.validate`, :mod:`tensorlens.store.files`), and anything wrong raises
+:class:`CorruptRunError` naming the file, table and step: never a hang, never garbage returned
+as data.
+
 >>> run = open_run("tensorlens_runs/my-run")                       # doctest: +SKIP
 >>> run.tensor("gradients/fc1.weight").reduction_value(step=100, name="l2")  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import sqlite3
+import math
+import re
 import struct
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from tensorlens.findings import Finding
 from tensorlens.modes import ModeKeys
 from tensorlens.records import StepRecord, TensorEntry
-from tensorlens.store.schema import (
-    HISTOGRAM_INFO,
-    SCHEMA_VERSION,
-    connect,
-    decode_array,
-    decode_f8,
-    histogram_info,
-    store_files,
+from tensorlens.store.files import StepRow, StoreFile
+from tensorlens.store.schema import histogram_info, store_files
+from tensorlens.store.validate import (
+    CorruptRunError,
+    histogram_arrays,
+    scalar_values,
+    tensor_array,
 )
+
+__all__ = ["CorruptRunError", "Run", "StepKey", "TensorDescriptor", "TensorNotFound", "TensorView", "open_run"]
+
+_MODE_ORDER = {mode.value: i for i, mode in enumerate(ModeKeys)}
 
 
 class TensorDescriptor(NamedTuple):
@@ -36,33 +44,17 @@ class TensorDescriptor(NamedTuple):
     utctime: float
 
 
+class StepKey(NamedTuple):
+    """Which record: its mode, mode step, worker and (global) step."""
+
+    mode: ModeKeys
+    mode_step: int
+    worker: str
+    step: int
+
+
 class TensorNotFound(KeyError):
     """The requested tensor, statistic or step is not in the run."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _Layout:
-    """The names of one packed row (see :mod:`tensorlens.store.schema`): which value is which."""
-
-    kind: str  # "scalars" or "histograms"
-    names: tuple[tuple[str, Any], ...]  # (tensor, stat) or (tensor, bins), as stored
-    tensors: frozenset[str]
-    scalar_index: dict[tuple[str, str], int]  # (tensor, stat) -> position (the last one if repeated)
-    histogram_index: dict[str, tuple[int, int, int, int]]  # tensor -> (row, bins, counts offset, edges offset)
-
-    @classmethod
-    def parse(cls, kind: str, names: list[list[Any]]) -> _Layout:
-        if kind == "scalars":
-            pairs = tuple((str(tensor), str(stat)) for tensor, stat in names)
-            index = {pair: i for i, pair in enumerate(pairs)}
-            return cls(kind, pairs, frozenset(t for t, _ in pairs), index, {})
-        hist_index, counts_at, edges_at = {}, 0, 0
-        pairs = tuple((str(tensor), int(bins)) for tensor, bins in names)
-        for row, (tensor, bins) in enumerate(pairs):
-            hist_index[tensor] = (row, bins, counts_at, edges_at)
-            counts_at += bins
-            edges_at += bins + 1
-        return cls(kind, pairs, frozenset(hist_index), {}, hist_index)
 
 
 class Run:
@@ -73,23 +65,17 @@ class Run:
         if not files:
             raise FileNotFoundError(f"no tensorlens run store (tensorlens*.sqlite) in {path!r}")
         self.path = path
-        self._dbs = [connect(f, readonly=True) for f in files]
-        self._layouts: dict[tuple[int, int], _Layout] = {}  # (file, layout id): immutable once written
-        for f, db in zip(files, self._dbs, strict=True):
-            try:
-                found = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            except sqlite3.OperationalError:  # created but not yet initialised by its writer
-                continue
-            if found is not None and found[0] != SCHEMA_VERSION:
-                self.close()
-                raise ValueError(
-                    f"{f!r} has run store schema {found[0]}; this tensorlens reads schema {SCHEMA_VERSION} "
-                    "(open it with the tensorlens version that wrote it)"
-                )
+        self._files: list[StoreFile] = []
+        try:
+            for f in files:
+                self._files.append(StoreFile(f))
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
-        for db in self._dbs:
-            db.close()
+        for f in self._files:
+            f.close()
 
     def __enter__(self) -> Run:
         return self
@@ -97,58 +83,77 @@ class Run:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-        for db in self._dbs:
-            try:
-                yield from db.execute(sql, args)
-            except sqlite3.OperationalError as err:  # a worker's file created but not yet initialised
-                if "no such table" not in str(err):
-                    raise
+    # -- selecting steps (from checked rows only) and their rows
 
-    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> Iterator[tuple[int, tuple[Any, ...]]]:
-        """Like :meth:`_query`, with the index of the file each row comes from."""
-        for k, db in enumerate(self._dbs):
-            try:
-                for row in db.execute(sql, args):
-                    yield k, row
-            except sqlite3.OperationalError as err:
-                if "no such table" not in str(err):
-                    raise
+    def _all_steps(self) -> Iterator[tuple[StoreFile, StepRow]]:
+        for f in self._files:
+            for step in f.steps().values():
+                yield f, step
 
-    def _layout(self, file: int, layout_id: int) -> _Layout:
-        found = self._layouts.get((file, layout_id))
-        if found is None:
-            kind, names = self._dbs[file].execute("SELECT kind, names FROM layouts WHERE id = ?", (layout_id,)).fetchone()
-            found = self._layouts[(file, layout_id)] = _Layout.parse(kind, json.loads(names))
-        return found
+    def _selected(self, step: int | None, mode: ModeKeys | str | None, worker: str | None) -> list[tuple[StoreFile, list[StepRow]]]:
+        """Per file, its steps matching: ``mode=None`` selects train and global records by global
+        step, a mode selects its records by mode step; ``None`` for ``step`` selects them all."""
+        wanted = ("train", "global") if mode is None else (str(ModeKeys.coerce(mode)),)
+        out = []
+        for f in self._files:
+            steps = [
+                s for s in f.steps().values()
+                if s.mode in wanted and (worker is None or s.worker == worker)
+                and (step is None or (s.step if mode is None else s.mode_step) == step)
+            ]
+            out.append((f, sorted(steps, key=lambda s: (_MODE_ORDER[s.mode], s.mode_step, s.worker))))
+        return out
 
-    def _all_layouts(self) -> list[_Layout]:
-        return [self._layout(k, layout_id) for k, (layout_id,) in self._rows("SELECT id FROM layouts")]
+    def _rows(self, table: str, step: int | None, mode: ModeKeys | str | None, worker: str | None) -> Iterator[tuple[StoreFile, StepRow, tuple[Any, ...]]]:
+        for f, steps in self._selected(step, mode, worker):
+            for s, row in f.rows(table, steps):
+                yield f, s, row
+
+    # -- the run
 
     @property
     def meta(self) -> dict[str, str]:
-        return dict(self._query("SELECT key, value FROM meta"))
+        return {key: value for f in self._files for key, value in f.checked("meta")}
+
+    @property
+    def ended(self) -> bool:
+        """Whether every store file of the run was closed by its writer (``meta.ended_at``): no more
+        steps will come. ``False`` while training writes, and forever for a run that crashed."""
+        return all(f.refresh() and f.checked("meta", "WHERE key = 'ended_at'") for f in self._files)
+
+    def findings(self, rule: str | None = None) -> list[Finding]:
+        """The rule findings stored in the run (see :mod:`tensorlens.rules`), in the order they were
+        found, optionally of one rule.
+
+        >>> run.findings("ExplodingTensor")[0].step   # doctest: +SKIP
+        """
+        where, args = ("WHERE rule = ? ORDER BY rowid", (rule,)) if rule else ("ORDER BY rowid", ())
+        return [
+            Finding(r, step, ModeKeys(m), t, msg, value, mode_step, w)
+            for f in self._files for r, step, m, mode_step, w, t, msg, value, _ in f.checked("findings", where, args)
+        ]
+
+    def step_keys(self) -> list[StepKey]:
+        """Every stored record's ``(mode, mode_step, worker, step)``, sorted by step, mode, mode step
+        and worker: what the run holds, without reading any statistic."""
+        keys = {StepKey(ModeKeys(s.mode), s.mode_step, s.worker, s.step) for _, s in self._all_steps()}
+        return sorted(keys, key=lambda k: (k.step, _MODE_ORDER[k.mode.value], k.mode_step, k.worker))
 
     def workers(self) -> list[str]:
-        return sorted({w for (w,) in self._query("SELECT DISTINCT worker FROM steps")})
+        return sorted({s.worker for _, s in self._all_steps()})
 
     def modes(self) -> list[ModeKeys]:
-        return sorted({ModeKeys(m) for (m,) in self._query("SELECT DISTINCT mode FROM steps")}, key=list(ModeKeys).index)
+        return sorted({ModeKeys(s.mode) for _, s in self._all_steps()}, key=list(ModeKeys).index)
 
     def steps(self, mode: ModeKeys | str | None = None) -> list[int]:
         """Saved steps: the global steps of train (and ``GLOBAL``) records for ``mode=None``, as
         :meth:`scalars` and :meth:`TensorView.steps` read them; mode steps for a given mode."""
-        if mode is None:
-            return sorted({s for (s,) in self._query("SELECT DISTINCT step FROM steps WHERE mode IN ('train', 'global')")})
-        mode = ModeKeys.coerce(mode)
-        return sorted({s for (s,) in self._query("SELECT DISTINCT mode_step FROM steps WHERE mode = ?", (str(mode),))})
+        return sorted({s.step if mode is None else s.mode_step for _, steps in self._selected(None, mode, None) for s in steps})
 
     def tensor_names(self, collection: str | None = None, regex: str | None = None) -> list[str]:
         """Names like ``"gradients/fc1.weight"``, optionally of one collection or matching ``regex``."""
-        import re
-
-        names = {t for layout in self._all_layouts() for t in layout.tensors}
-        names |= {t for (t,) in self._query("SELECT DISTINCT tensor FROM tensors")}
+        names = {t for f in self._files for layout in f.all_layouts() for t in layout.tensors}
+        names |= {n for f in self._files for n in f.raw_tensor_names()}
         if collection is not None:
             names = {n for n in names if n.split("/", 1)[0] == collection}
         if regex is not None:
@@ -166,24 +171,21 @@ class Run:
 
     def read_tensor(self, name: str, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> TensorDescriptor:
         """The raw tensor saved for ``name`` at ``step`` (needs ``save_raw_tensor=True``)."""
-        where, args = _where(step, mode, worker)
-        rows = list(self._query(f"SELECT t.step, t.wall_time, t.data {_JOIN.format(table='tensors')} WHERE t.tensor = ? AND {where}", (name, *args)))
-        if not rows:
-            raise TensorNotFound(f"no raw tensor {name!r} at step {step} (is save_raw_tensor on for its collection?)")
-        step_, wall_time, data = rows[0]
-        return TensorDescriptor(step_, decode_array(data), wall_time)
+        for f, s, row in self._rows("tensors", step, mode, worker):
+            if row[3] == name:
+                return TensorDescriptor(row[4], tensor_array(f.path, row[6], s.where), row[5])
+        raise TensorNotFound(f"no raw tensor {name!r} at step {step} (is save_raw_tensor on for its collection?)")
 
     def shape(self, name: str) -> tuple[int, ...] | None:
-        rows = list(self._query("SELECT shape FROM shapes WHERE tensor = ?", (name,)))
-        return tuple(json.loads(rows[0][0])) if rows else None
+        return self._stored_shapes().get(name)
 
     def scalars(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> dict[str, float]:
         """Every scalar of one step as ``{key: value}`` (keys ``"collection/tensor/stat"``)."""
-        where, args = _where(step, mode, worker)
         out = {}
-        for k, (layout_id, data) in self._rows(f"SELECT t.layout, t.data {_JOIN.format(table='scalars')} WHERE {where}", args):
-            values = decode_f8(data).tolist()
-            for (tensor, stat), i in self._layout(k, layout_id).scalar_index.items():
+        for f, s, row in self._rows("scalars", step, mode, worker):
+            layout = f.row_layout("scalars", row)
+            values = scalar_values(f.path, layout, row[4], s.where).tolist()
+            for (tensor, stat), i in layout.scalar_index.items():
                 out[f"{tensor}/{stat}" if stat else tensor] = values[i]
         return out
 
@@ -203,94 +205,39 @@ class Run:
         >>> for record in run.records(mode="train", start_step=100):   # doctest: +SKIP
         ...     record.scalar("gradients/fc1.weight", "l2")
         """
-        clauses, args = [], []
-        if mode is not None:
-            clauses.append("mode = ?")
-            args.append(str(ModeKeys.coerce(mode)))
-        if start_step is not None:
-            clauses.append("step >= ?")
-            args.append(int(start_step))
-        if end_step is not None:
-            clauses.append("step < ?")
-            args.append(int(end_step))
-        if worker is not None:
-            clauses.append("worker = ?")
-            args.append(worker)
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        wanted = None if mode is None else str(ModeKeys.coerce(mode))
         keys = sorted(
-            (step, list(ModeKeys).index(ModeKeys(m)), mode_step, w, k, wall_time)
-            for k, (m, mode_step, w, step, wall_time) in self._rows(
-                f"SELECT mode, mode_step, worker, step, wall_time FROM steps {where}", tuple(args)
-            )
+            ((s.step, _MODE_ORDER[s.mode], s.mode_step, s.worker, k), s)
+            for k, f in enumerate(self._files) for s in f.steps().values()
+            if (wanted is None or s.mode == wanted) and (worker is None or s.worker == worker)
+            and (start_step is None or s.step >= start_step) and (end_step is None or s.step < end_step)
         )
         stored_shapes = self._stored_shapes()
-        for step, mode_index, mode_step, w, k, wall_time in keys:
-            yield self._record(k, list(ModeKeys)[mode_index], mode_step, w, step, wall_time, stored_shapes)
+        for (*_, k), s in keys:
+            yield self._record(self._files[k], s, stored_shapes)
 
-    def _record(
-        self, k: int, mode: ModeKeys, mode_step: int, worker: str, step: int, wall_time: float,
-        stored_shapes: dict[str, tuple[int, ...]],
-    ) -> StepRecord:
-        db, key = self._dbs[k], (str(mode), mode_step, worker)
-        where = "WHERE mode = ? AND mode_step = ? AND worker = ?"
+    def _record(self, f: StoreFile, s: StepRow, stored_shapes: dict[str, tuple[int, ...]]) -> StepRecord:
         arrays: dict[str, Any] = {}
-        found = db.execute(f"SELECT layout, data FROM scalars {where}", key).fetchone()
-        if found is not None:
-            layout = self._layout(k, found[0])
+        for _, row in f.rows("scalars", [s]):
+            layout = f.row_layout("scalars", row)
             arrays["scalar_names"] = layout.names
-            arrays["scalar_values"] = decode_f8(found[1])
-        found = db.execute(f"SELECT layout, counts, edges, info FROM histograms {where}", key).fetchone()
-        if found is not None:
-            layout = self._layout(k, found[0])
-            arrays["histogram_names"] = layout.names
-            arrays["counts"] = np.frombuffer(found[1], dtype="<i8").astype(np.int64)
-            arrays["edges"] = decode_f8(found[2])
-            arrays["histogram_info"] = decode_f8(found[3])
-        tensors = [
-            TensorEntry(name, decode_array(data))
-            for name, data in db.execute(f"SELECT tensor, data FROM tensors {where} ORDER BY rowid", key)
-        ]
-        record = StepRecord.from_arrays(step, mode, mode_step, worker, wall_time, tensors=tensors, **arrays)
+            arrays["scalar_values"] = scalar_values(f.path, layout, row[4], s.where)
+        for _, row in f.rows("histograms", [s]):
+            layout = f.row_layout("histograms", row)
+            counts, edges, info = histogram_arrays(f.path, layout, *row[4:7], s.where)
+            arrays.update(histogram_names=layout.names, counts=counts, edges=edges, histogram_info=info)
+        tensors = [TensorEntry(row[3], tensor_array(f.path, row[6], s.where)) for _, row in f.rows("tensors", [s])]
+        try:
+            record = StepRecord.from_arrays(s.step, s.mode, s.mode_step, s.worker, s.wall_time, tensors=tensors, **arrays)
+        except ValueError as err:  # arrays that do not fit their names (checked above; a last guard)
+            raise CorruptRunError(f.path, str(err), None, s.where) from None
         shapes = {name: stored_shapes[name] for name in record.tensor_names() if name in stored_shapes}
         if not shapes:
             return record
-        return StepRecord.from_arrays(step, mode, mode_step, worker, wall_time, tensors=tensors, shapes=shapes, **arrays)
+        return StepRecord.from_arrays(s.step, s.mode, s.mode_step, s.worker, s.wall_time, tensors=tensors, shapes=shapes, **arrays)
 
     def _stored_shapes(self) -> dict[str, tuple[int, ...]]:
-        return {name: tuple(json.loads(shape)) for name, shape in self._query("SELECT tensor, shape FROM shapes")}
-
-
-#: Rows of ``table`` (as ``t``) for the steps (``st``) selected by :func:`_where`. The data tables
-#: are keyed step-first, so the steps table is scanned (one row per step) and each step's rows
-#: are found by key; CROSS JOIN makes SQLite keep that order.
-_JOIN = (
-    "FROM steps AS st CROSS JOIN {table} AS t "
-    "ON t.mode = st.mode AND t.mode_step = st.mode_step AND t.worker = st.worker"
-)
-
-
-#: The collection of epoch aggregates (:mod:`tensorlens.engine.epochs`), read by epoch.
-EPOCHS_COLLECTION = "epochs"
-
-
-def _where(step: int | None, mode: ModeKeys | str | None, worker: str | None) -> tuple[str, tuple[Any, ...]]:
-    """A condition on the steps table ``st``: one step (or every step when ``step`` is None)."""
-    if mode is None:
-        clause, args = "st.mode IN ('train', 'global')", []
-        if step is not None:
-            clause, args = "st.step = ? AND " + clause, [step]
-    else:
-        clause, args = "st.mode = ?", [str(ModeKeys.coerce(mode))]
-        if step is not None:
-            clause, args = "st.mode_step = ? AND " + clause, [step, *args]
-    if worker is not None:
-        clause += " AND st.worker = ?"
-        args.append(worker)
-    return clause, tuple(args)
-
-
-def _scalar(data: bytes, position: int) -> float:
-    return struct.unpack_from("<d", data, 8 * position)[0]
+        return {name: value for f in self._files for name, value in f.shapes().items()}
 
 
 class TensorView:
@@ -314,47 +261,75 @@ class TensorView:
 
     def steps(self, mode: ModeKeys | str | None = None) -> list[int]:
         mode = self._mode(mode)
-        column = "step" if mode is None else "mode_step"
-        clause, args = _where(None, mode, None)
         found = set()
         for table in ("scalars", "histograms"):
-            query = f"SELECT st.{column}, t.layout {_JOIN.format(table=table)} WHERE {clause}"
-            found |= {s for k, (s, layout_id) in self.run._rows(query, args) if self.name in self.run._layout(k, layout_id).tensors}
-        query = f"SELECT DISTINCT st.{column} {_JOIN.format(table='tensors')} WHERE t.tensor = ? AND {clause}"
-        found |= {s for (s,) in self.run._query(query, (self.name, *args))}
+            for f, s, row in self.run._rows(table, None, mode, None):
+                if self.name in f.row_layout(table, row).tensors:
+                    found.add(s.step if mode is None else s.mode_step)
+        found |= {s.step if mode is None else s.mode_step for _, s, row in self.run._rows("tensors", None, mode, None) if row[3] == self.name}
         return sorted(found)
 
     def reduction_names(self) -> list[str]:
         return sorted({
-            stat for layout in self.run._all_layouts() for (tensor, stat) in layout.scalar_index if tensor == self.name and stat
+            stat for f in self.run._files for layout in f.all_layouts()
+            for (tensor, stat) in layout.scalar_index if tensor == self.name and stat
         })
+
+    def _values(
+        self, step: int | None, stat: str, mode: ModeKeys | str | None, worker: str | None, plain: bool = False
+    ) -> Iterator[tuple[StepRow, float, bool]]:
+        """``(step, value, is_plain)`` of ``stat``; with ``plain``, the tensor's plain value where
+        it has no such statistic."""
+        for f, s, row in self.run._rows("scalars", step, mode, worker):
+            index = f.row_layout("scalars", row).scalar_index
+            position = index.get((self.name, stat))
+            if position is None and plain:
+                position = index.get((self.name, ""))
+                if position is not None:
+                    yield s, struct.unpack_from("<d", row[4], 8 * position)[0], True
+                continue
+            if position is not None:
+                yield s, struct.unpack_from("<d", row[4], 8 * position)[0], False
 
     def reduction_value(
         self, step: int, name: str, abs: bool = False, mode: ModeKeys | str | None = None, worker: str | None = None
     ) -> float:
-        """One statistic at one step. ``abs=True`` reads ``abs_<name>``. With ``mode``, ``step`` is the mode step."""
+        """One statistic at one step. ``abs=True`` reads ``abs_<name>``. With ``mode``, ``step`` is the mode step.
+
+        A plain scalar (a loss, ``save_scalar``) answers ``mean``, ``min``, ``max``, ``sum``,
+        ``median`` and ``prod`` with its value (the statistics of one number), and the norms and
+        ``abs_*`` with ``|value|``.
+        """
         stat = f"abs_{name}" if abs and not name.startswith("abs_") else name
         mode = self._mode(mode)
-        where, args = _where(step, mode, worker)
-        query = f"SELECT t.layout, t.data {_JOIN.format(table='scalars')} WHERE {where}"
-        for k, (layout_id, data) in self.run._rows(query, args):
-            position = self.run._layout(k, layout_id).scalar_index.get((self.name, stat))
-            if position is not None:
-                return _scalar(data, position)
-        raise TensorNotFound(f"no {stat!r} of {self.name!r} at step {step}; recorded: {self.reduction_names()}")
+        base = stat.removeprefix("abs_")
+        of_one_number = bool(stat) and (base in _OF_ONE_NUMBER or base in _NORMS_OF_ONE_NUMBER)
+        plain = None
+        for _, value, is_plain in self._values(step, stat, mode, worker, plain=of_one_number):
+            if not is_plain:
+                return value
+            if plain is None:
+                plain = value
+        if plain is not None:  # `abs` is an argument here
+            return math.fabs(plain) if stat.startswith("abs_") or base in _NORMS_OF_ONE_NUMBER else plain
+        raise TensorNotFound(self._missing(stat, step, mode))
+
+    def _missing(self, stat: str, step: int, mode: ModeKeys | str | None) -> str:
+        saved = self.steps(mode)
+        shown = saved if len(saved) <= 12 else [*saved[:5], "...", *saved[-5:]]
+        where = "at step" if mode is None else f"at {ModeKeys.coerce(mode)} step"
+        if step not in saved:
+            return f"{self.name!r} has no record {where} {step}; saved steps: {shown}"
+        names = self.reduction_names()
+        if not names:
+            return f"{self.name!r} is a plain value, not statistics: read it with .value(step) / .values()"
+        return f"no {stat!r} of {self.name!r} {where} {step}; its statistics: {names}"
 
     def reduction_values(self, name: str, abs: bool = False, mode: ModeKeys | str | None = None, worker: str | None = None) -> dict[int, float]:
         """``{step: value}`` of one statistic over the whole run."""
         stat = f"abs_{name}" if abs and not name.startswith("abs_") else name
         mode = self._mode(mode)
-        column = "step" if mode is None else "mode_step"
-        clause, args = _where(None, mode, worker)
-        query = f"SELECT st.{column}, t.layout, t.data {_JOIN.format(table='scalars')} WHERE {clause}"
-        out = {}
-        for k, (s, layout_id, data) in self.run._rows(query, args):
-            position = self.run._layout(k, layout_id).scalar_index.get((self.name, stat))
-            if position is not None:
-                out[s] = _scalar(data, position)
+        out = {s.step if mode is None else s.mode_step: value for s, value, _ in self._values(None, stat, mode, worker)}
         return dict(sorted(out.items()))
 
     def value(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> float:
@@ -362,7 +337,14 @@ class TensorView:
         return self.reduction_value(step, "", mode=mode, worker=worker)
 
     def values(self, mode: ModeKeys | str | None = None, worker: str | None = None) -> dict[int, float]:
-        return self.reduction_values("", mode=mode, worker=worker)
+        """``{step: value}`` of a plain scalar (a loss, ``save_scalar``, ``summarize_scalar``)."""
+        found = self.reduction_values("", mode=mode, worker=worker)
+        if not found and self.reduction_names():
+            raise TensorNotFound(
+                f"{self.name!r} holds statistics, not a plain value: read one with "
+                f".reduction_values(name) for a name in {self.reduction_names()}"
+            )
+        return found
 
     def histogram(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(counts, edges)`` at one step."""
@@ -370,23 +352,32 @@ class TensorView:
         return counts, edges
 
     def histogram_with_info(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-        where, args = _where(step, self._mode(mode), worker)
-        query = f"SELECT t.layout, t.counts, t.edges, t.info {_JOIN.format(table='histograms')} WHERE {where}"
-        for k, (layout_id, counts, edges, info) in self.run._rows(query, args):
-            found = self.run._layout(k, layout_id).histogram_index.get(self.name)
+        for f, s, row in self.run._rows("histograms", step, self._mode(mode), worker):
+            layout = f.row_layout("histograms", row)
+            found = layout.histogram_index.get(self.name)
             if found is not None:
-                row, bins, counts_at, edges_at = found
-                width = len(HISTOGRAM_INFO)
+                index, bins, counts_at, edges_at = found
+                counts, edges, info = histogram_arrays(f.path, layout, *row[4:7], s.where)
                 return (
-                    np.frombuffer(counts, dtype="<i8", count=bins, offset=8 * counts_at).astype(np.int64),
-                    np.frombuffer(edges, dtype="<f8", count=bins + 1, offset=8 * edges_at).astype(np.float64),
-                    histogram_info(np.frombuffer(info, dtype="<f8", count=width, offset=8 * width * row)),
+                    counts[counts_at : counts_at + bins].copy(),
+                    edges[edges_at : edges_at + bins + 1].copy(),
+                    histogram_info(info[index]),
                 )
         raise TensorNotFound(f"no histogram of {self.name!r} at step {step}")
 
 
+#: The collection of epoch aggregates (:mod:`tensorlens.engine.epochs`), read by epoch.
+EPOCHS_COLLECTION = "epochs"
+#: Statistics a plain scalar answers with its own value (the statistics of one number).
+_OF_ONE_NUMBER = frozenset({"mean", "min", "max", "sum", "median", "prod"})
+_NORMS_OF_ONE_NUMBER = frozenset({"l1", "l2", "linf"})
+
+
 def open_run(path: str) -> Run:
     """Open a run folder (or one of its ``tensorlens*.sqlite`` files) for reading.
+
+    Raises ``FileNotFoundError`` when there is no run at ``path``, and :class:`CorruptRunError`
+    when what is there is not a readable run store (saying what is wrong and where).
 
     >>> run = open_run(hook.run_dir)            # doctest: +SKIP
     >>> run.tensor_names(collection="gradients")  # doctest: +SKIP

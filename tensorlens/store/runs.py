@@ -22,6 +22,8 @@ import os
 import time
 import urllib.parse
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 from tensorlens._checks import expected
 
@@ -90,3 +92,45 @@ def claim_store(run_dir: str, store_file: str, resume: str, derived: bool) -> tu
             )
         return candidate, False
     raise RuntimeError(f"no free run folder next to {base!r}")
+
+
+def locate(
+    out_dir: Any,
+    run_name: str | None,
+    tracker_run_name: str | None,
+    resume: str,
+    store_file: str,
+    rank: int = 0,
+    own_store: bool = True,
+    share: Callable[[str, str], tuple[str, str]] | None = None,
+) -> tuple[str, str, bool]:
+    """``(run name, run folder, resumed)`` of a new recorder. Rank 0 (or the only process) claims
+    the folder; ``share`` (a broadcast under ``torch.distributed``) gives every rank rank 0's, and a
+    rank with a store of its own (``own_store``: ``include_workers="all"``) claims its file in it.
+    The name is the one given, else the active tracker run's, else the time and a random id."""
+    derived = run_name is None and out_dir is None
+    name = run_name or tracker_run_name or default_run_name()
+    wanted = os.path.abspath(os.fspath(out_dir)) if out_dir is not None else os.path.abspath(
+        os.path.join(DEFAULT_RUNS_DIR, folder_name(name))
+    )
+    run_dir, resumed = wanted, False
+    if rank == 0:
+        run_dir, resumed = claim_store(wanted, store_file, resume, derived)
+        if run_dir != wanted:  # a derived name that was taken: "<name>-2", ...
+            name += run_dir[len(wanted):]
+    if share is not None:
+        name, run_dir = share(name, run_dir)
+        if rank != 0 and own_store:
+            run_dir, resumed = claim_store(run_dir, store_file, "allow" if resume == "never" else resume, False)
+    return name, run_dir, resumed
+
+
+def release_empty(run_dir: str, store_file: str) -> None:
+    """Undo the claim of a run that recorded nothing (its store file is still empty)."""
+    path = os.path.join(run_dir, store_file)
+    try:
+        if os.path.isfile(path) and os.path.getsize(path) == 0:
+            os.remove(path)
+            os.rmdir(run_dir)  # only if empty
+    except OSError:
+        pass

@@ -508,7 +508,7 @@ def test_ddp_only_rank_zero_writes_trackers(tmp_path: Any) -> None:
     assert ranks[0]["global_step"] == ranks[1]["global_step"] == 4
     # accumulate_grad_batches=2 over 2 batches per rank and epoch: one optimizer step per epoch,
     # so 4 epochs, each followed by validation: 4 train + 4 eval records
-    assert ranks[0]["stats"]["tensorboard"] == {"written": 8, "failed": 0, "dropped": 0}
+    assert ranks[0]["stats"]["tensorboard"] == {"written": 8, "failed": 0, "dropped": 0, "abandoned": 0, "produced": 8}
     events = [f for _, _, files in os.walk(tmp_path / "tb") for f in files if f.startswith("events.out.tfevents")]
     assert len(events) == 1  # one writer, rank 0's
 

@@ -12,16 +12,20 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import urllib.request
+import warnings
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -38,6 +42,7 @@ from mlflow.utils.validation import _validate_metric_name  # noqa: E402
 from tensorlens.integrations.mlflow import (  # noqa: E402
     MAX_KEY_LENGTH,
     QUANTILES,
+    SERIES_SUFFIXES,
     MetricKeyMapper,
     MLflowBackend,
     histogram_quantiles,
@@ -86,10 +91,9 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         process.wait(timeout=30)
 
 
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real ``mlflow server`` (SQLite store, proxied artifacts) on 127.0.0.1; yields its URI."""
-    root = tmp_path_factory.mktemp("mlflow-server")
+def _start_server(root: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A real ``mlflow server`` (SQLite store, proxied artifacts) on 127.0.0.1 in its own
+    process group; returns it and its URI once it answers /health."""
     port = _free_port()
     uri = f"http://127.0.0.1:{port}"
     command = [
@@ -104,13 +108,21 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=root, env=env, start_new_session=True)
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while not _healthy(uri):
+        if process.poll() is not None or time.monotonic() > deadline:
+            _stop(process)
+            tail = log_path.read_text(errors="replace")[-3000:]
+            pytest.fail(f"mlflow server did not become healthy (exit code {process.poll()}):\n{tail}")
+        time.sleep(0.5)
+    return process, uri
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real ``mlflow server`` shared by the tests that leave it running; yields its URI."""
+    process, uri = _start_server(tmp_path_factory.mktemp("mlflow-server"))
     try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while not _healthy(uri):
-            if process.poll() is not None or time.monotonic() > deadline:
-                tail = log_path.read_text(errors="replace")[-3000:]
-                pytest.fail(f"mlflow server did not become healthy (exit code {process.poll()}):\n{tail}")
-            time.sleep(0.5)
         yield uri
     finally:
         _stop(process)
@@ -207,22 +219,16 @@ def _expected_series(path: str, backend: MLflowBackend, eval_step: int) -> dict[
     """MLflow key -> sorted ``(step, value)`` built from the local run store alone."""
     expected: dict[str, list[tuple[int, float]]] = defaultdict(list)
     with tl.open_run(path) as run:
-        names = run.tensor_names()
-        for mode in ("train", "eval"):
-            for mode_step in run.steps(mode=mode):
-                step = mode_step if mode == "train" else eval_step
-                for key, value in run.scalars(mode_step, mode=mode).items():
-                    expected[backend.metric_key(key, mode)].append((step, value))
-                for name in names:
-                    try:
-                        counts, edges = run.tensor(name).histogram(mode_step, mode=mode)
-                    except TensorNotFound:
-                        continue
-                    if counts.sum() == 0:
-                        continue
-                    for suffix, level in QUANTILES:
-                        value = _reference_quantile(counts, edges, level)
-                        expected[backend.metric_key(f"{name}/{suffix}", mode)].append((step, value))
+        for record in run.records():
+            step = record.mode_step if record.mode == tl.ModeKeys.TRAIN else eval_step
+            for (tensor, stat), value in zip(record.scalar_names, record.scalar_values.tolist(), strict=True):
+                expected[backend.metric_key(tensor, stat, record.mode)].append((step, value))
+            for histogram in record.histograms:
+                if histogram.counts.sum() == 0:
+                    continue
+                for suffix, level in QUANTILES:
+                    value = _reference_quantile(histogram.counts, histogram.edges, level)
+                    expected[backend.metric_key(histogram.tensor, suffix, record.mode)].append((step, value))
     return {key: sorted(series, key=_order) for key, series in expected.items()}
 
 
@@ -350,17 +356,21 @@ def test_examples_from_the_brief() -> None:
     assert mlflow_metric_key("../a") == "__/a"
 
 
-def test_colliding_keys_get_distinct_stable_names() -> None:
-    keys = ["a[0]", "a_0_", "a(0)", "a//0", "a/0"]
-    first, second = MetricKeyMapper(), MetricKeyMapper()
-    mapped = [first(k) for k in keys]
-    assert mapped == [second(k) for k in keys]  # deterministic
-    assert mapped == [first(k) for k in keys]  # remembered
+def test_colliding_keys_get_distinct_names_whatever_their_order() -> None:
+    keys = ["a[0]", "a_0_", "a(0)", "a//0", "a/0", "lin@1", "lin#1", "lin_1"]
+    mapped = [MetricKeyMapper()(k) for k in keys]
+    rng = random.Random(1)
+    for _ in range(20):  # another process, another order: the same metrics
+        order = rng.sample(keys, len(keys))
+        mapper = MetricKeyMapper()
+        assert {k: mapper(k) for k in order} == dict(zip(keys, mapped, strict=True))
     assert len(set(mapped)) == len(keys)
-    assert mapped[0] == "a_0_" and mapped[3] == "a/0"  # the first to claim a cleaned form keeps it
-    assert mapped[1].startswith("a_0_-") and mapped[2].startswith("a_0_-") and mapped[4].startswith("a/0-")
-    for key in mapped:
-        _validate_metric_name(key)
+    # valid keys keep their names; a key MLflow refuses gets its cleaned form and a hash of itself
+    assert [m for k, m in zip(keys, mapped, strict=True) if k == m] == ["a_0_", "a/0", "lin_1"]
+    for key, value in zip(keys, mapped, strict=True):
+        if key != value:
+            assert re.fullmatch(re.escape(mlflow_metric_key(key)) + r"-[0-9a-f]{8}", value), (key, value)
+        _validate_metric_name(value)
 
 
 def test_long_keys_are_cut_and_hashed() -> None:
@@ -379,8 +389,15 @@ def test_long_keys_are_cut_and_hashed() -> None:
 
 def test_identity_separates_equal_strings() -> None:
     mapper = MetricKeyMapper()
-    assert mapper("p/eval/x", identity="p\0eval\0x") == "p/eval/x"
-    assert mapper("p/eval/x", identity="p\0eval/x") != "p/eval/x"
+    assert mapper("p/eval/x", identity="mode eval, tensor x") == "p/eval/x"
+    other = mapper("p/eval/x", identity="train, tensor eval/x", canonical=False)
+    assert other.startswith("p/eval/x-") and mapper("p/eval/x", identity="mode eval, tensor x") == "p/eval/x"
+
+
+def test_a_key_that_looks_hashed_is_hashed_too() -> None:
+    mapper = MetricKeyMapper()
+    hashed = mapper("lin@1")
+    assert hashed.startswith("lin_1-") and mapper(hashed) != hashed  # a module named like a hashed key
 
 
 def test_random_keys_are_valid_and_unique() -> None:
@@ -397,6 +414,70 @@ def test_random_keys_are_valid_and_unique() -> None:
 
 
 # ---------------------------------------------------------------------------- quantiles (pure)
+
+
+_HOSTILE = "ab_1/.-: @#[]()é,+*\\\t"
+
+
+def _series(rng: random.Random, count: int) -> list[tuple[str, str, str, str]]:
+    """``count`` distinct series ``(mode, worker, tensor, stat)`` whose names clean to few strings.
+
+    ``worker_0`` and ``reduced`` are both a run's own worker (one run has one of them: see
+    ``tensorlens.backends.keys``), so they are one series here, drawn as either.
+    """
+    collections = ["weights", "gradients", "summaries", "scalars", "eval", "worker_1", "train", "attn/weights", "a@b"]
+    stats = [*sorted(SERIES_SUFFIXES), "", "", "", "lr", "x-deadbeef", "odd[0]"]
+    found: dict[tuple[str, str, str, str], tuple[str, str, str, str]] = {}
+    while len(found) < count:
+        name = "".join(rng.choice(_HOSTILE) for _ in range(rng.randint(0, 3)))
+        if rng.random() < 0.02:
+            name = "z" * rng.randint(230, 260) + name
+        mode = rng.choice([m.value for m in tl.ModeKeys])
+        worker = rng.choice(["worker_0", "worker_1", "worker_7", "reduced"])
+        series = (mode, worker, f"{rng.choice(collections)}/{name}", rng.choice(stats))
+        found.setdefault((mode, worker if worker in ("worker_1", "worker_7") else "own", *series[2:]), series)
+    return sorted(found.values())
+
+
+def _mapping(series: list[tuple[str, str, str, str]], order: list[int], uri: str) -> dict[tuple[str, str, str, str], str]:
+    backend = MLflowBackend(tracking_uri=uri, run_id="0" * 32, heatmaps=False)  # never opened: no I/O
+    backend._run = tl.RunInfo("p", "/p", rank=0, world_size=8, config={"include_workers": "all"})
+    return {series[i]: backend.metric_key(series[i][2], series[i][3], series[i][0], series[i][1]) for i in order}
+
+
+def test_metric_keys_are_injective_and_independent_of_order_for_hostile_names() -> None:
+    """Property test: thousands of series whose names clean to a few strings, mapped by fresh
+    backends (as other processes, modes, workers or resumed runs would) in random orders."""
+    rng = random.Random(7)
+    series = _series(rng, 4000)
+    first = _mapping(series, list(range(len(series))), "sqlite:///unused.db")
+    assert len(set(first.values())) == len(series)  # injective
+    for _ in range(3):
+        assert _mapping(series, rng.sample(range(len(series)), len(series)), "sqlite:///unused.db") == first
+    for key in first.values():
+        assert len(key) <= MAX_KEY_LENGTH
+        _validate_metric_name(key)
+    # many hostile names share a cleaned form: the property was tested where it matters
+    cleaned = defaultdict(set)
+    for (_, _, tensor, stat), key in first.items():
+        cleaned[mlflow_metric_key(f"{tensor}/{stat}")].add(key)
+    assert sum(len(keys) for keys in cleaned.values() if len(keys) > 1) > 1000
+
+
+def test_readable_series_keep_readable_keys() -> None:
+    backend = MLflowBackend(tracking_uri="sqlite:///unused.db", run_id="0" * 32)
+    backend._run = tl.RunInfo("p", "/p", rank=0, world_size=2, config={"include_workers": "all"})
+    assert backend.metric_key("gradients/fc1.weight", "l2") == "tensorlens/gradients/fc1.weight/l2"
+    assert backend.metric_key("gradients/fc1.weight", "abs_max", "eval", "worker_1") == "tensorlens/eval/worker_1/gradients/fc1.weight/abs_max"
+    assert backend.metric_key("attn/weights/q.weight", "p50") == "tensorlens/attn/weights/q.weight/p50"
+    assert backend.metric_key("scalars/train/lr") == "tensorlens/scalars/train/lr"
+    assert backend.metric_key("losses/mseloss", None, "predict") == "tensorlens/predict/losses/mseloss"
+    # the ambiguous one of each pair carries the hash: a plain scalar ending in a statistic's name,
+    # a collection named like a mode, a stat MLflow refuses
+    assert backend.metric_key("summaries/grad", "l2") == "tensorlens/summaries/grad/l2"
+    assert re.fullmatch(r"tensorlens/summaries/grad/l2-[0-9a-f]{8}", backend.metric_key("summaries/grad/l2"))
+    assert re.fullmatch(r"tensorlens/eval/x/l2-[0-9a-f]{8}", backend.metric_key("eval/x", "l2"))
+    assert backend.metric_key("x", "l2", "eval") == "tensorlens/eval/x/l2"
 
 
 def test_quantiles_match_a_reference_loop() -> None:
@@ -572,6 +653,38 @@ def test_server_asynchronous_through_a_client(mlflow_server: str, tmp_path: Path
     _assert_artifacts(client, run_id, hook, every=10, download_to=tmp_path / "download", heatmaps=False)
 
 
+def test_server_keeps_series_that_clean_to_one_string_apart(mlflow_server: str, tmp_path: Path) -> None:
+    """``lin@1``, ``lin#1`` and ``lin_1`` (and a plain scalar named like a statistic) in two modes,
+    written by two backends in opposite orders, as two processes of one run would: no series merge."""
+    client = MlflowClient(mlflow_server)
+    run_id = _new_run(client, tmp_path)
+    names = [("activations/lin@1", "mean"), ("activations/lin#1", "mean"), ("activations/lin_1", "mean"),
+             ("summaries/grad", "l2"), ("summaries/grad/l2", ""), ("eval/lin_1", "mean")]
+
+    def record(step: int, mode: tl.ModeKeys, order: list[int]) -> tl.StepRecord:
+        values = [100 * step + 10 * list(tl.ModeKeys).index(mode) + i for i in order]
+        return tl.StepRecord.from_arrays(
+            step, mode, step, "worker_0", 1_700_000_000.0 + step,
+            scalar_names=tuple(names[i] for i in order), scalar_values=np.array(values, dtype=np.float64),
+        )
+
+    keys = {}
+    for step, order in ((0, list(range(len(names)))), (1, list(reversed(range(len(names)))))):
+        backend = MLflowBackend(client=client, run_id=run_id, histogram_every=0, heatmaps=False)
+        backend.open(tl.RunInfo("collide", str(tmp_path)))
+        for mode in (tl.ModeKeys.TRAIN, tl.ModeKeys.EVAL):
+            backend.write(record(step, mode, order))
+            keys.update({(mode, i): backend.metric_key(*names[i], mode) for i in order})
+        backend.close()
+
+    assert len(set(keys.values())) == 2 * len(names)
+    assert set(client.get_run(run_id).data.metrics) == set(keys.values())
+    for (mode, i), key in keys.items():
+        history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+        offset = 10 * list(tl.ModeKeys).index(mode) + i
+        assert history == [(0, float(offset)), (1, float(100 + offset))], key
+
+
 def test_records_written_directly_modes_workers_and_large_batches(mlflow_server: str, tmp_path: Path) -> None:
     """The backend driven by hand with records as the dispatcher hands them over."""
     client = MlflowClient(mlflow_server)
@@ -594,7 +707,8 @@ def test_records_written_directly_modes_workers_and_large_batches(mlflow_server:
     assert len(metrics) == 2100 + 7 + 2
     assert all(metrics[f"tl/weights/layer{i}.weight/l2"] == float(i) for i in range(2100))  # rank 0: no infix
     assert metrics["tl/predict/worker_1/summaries/x"] == 2.5
-    assert metrics["tl/global/worker_1/scalars/a_0_"] == 1.0
+    assert metrics[backend.metric_key("scalars/a[0]", None, "global", "worker_1")] == 1.0
+    assert re.fullmatch(r"tl/global/worker_1/scalars/a_0_-[0-9a-f]{8}", backend.metric_key("scalars/a[0]", None, "global", "worker_1"))
     p50 = client.get_metric_history(run_id, "tl/weights/w/p50")
     assert [(m.step, m.timestamp, m.value) for m in p50] == [(7, 1_700_000_000_500, 1.5)]
     assert [m.step for m in client.get_metric_history(run_id, "tl/predict/worker_1/summaries/x")] == [7]
@@ -620,3 +734,112 @@ def test_unreachable_tracker_does_not_break_training(tmp_path: Path) -> None:
         assert run.steps(mode="train") == list(range(0, TRAIN_STEPS, SAVE_INTERVAL))
         assert len(run.steps(mode="eval")) == len(range(0, EVAL_BATCHES, SAVE_INTERVAL))
         assert run.tensor("gradients/fc1.weight").reduction_values("l2").keys() == set(range(0, TRAIN_STEPS, SAVE_INTERVAL))
+
+
+# ---------------------------------------------------------------------------- a tracker that dies or hangs mid-run
+
+
+@pytest.fixture
+def own_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A server of this test's own, to kill or to freeze."""
+    process, uri = _start_server(tmp_path_factory.mktemp("mlflow-own-server"))
+    try:
+        yield process, uri
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGCONT)  # a frozen server must be able to take SIGTERM
+        _stop(process)
+
+
+def _train_steps(hook: tl.Hook, model: nn.Module, steps: int) -> None:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(torch.randn(16, 4)), torch.randn(16, 2)).backward()
+        optimizer.step()
+
+
+def _refuses(uri: str, within_s: float = 60.0) -> bool:
+    """Whether the server's port refuses connections (its worker processes may take a moment to die)."""
+    port = int(uri.rsplit(":", 1)[1])
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        except OSError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+
+
+def _tensorlens_warnings(caught: list[Any]) -> list[str]:
+    return [str(w.message) for w in caught if str(w.message).startswith("tensorlens: backend MLflowBackend")]
+
+
+@pytest.mark.timeout(600)
+def test_a_tracker_killed_mid_run_costs_close_nothing_and_every_record_is_counted(own_server, tmp_path: Path) -> None:
+    process, uri = own_server
+    client = MlflowClient(uri)
+    run_id = _new_run(client, tmp_path)
+    backend = MLflowBackend(tracking_uri=uri, run_id=run_id, histogram_every=3)
+    model = Tiny()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hook = tl.watch(model, save_interval=1, activations=True, backends=[backend], out_dir=tmp_path / "run")
+        _train_steps(hook, model, 4)
+        assert hook.flush() is True
+        before = client.get_metric_history(run_id, "tensorlens/gradients/fc1.weight/l2")
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+        assert _refuses(uri)
+        _train_steps(hook, model, 4)
+        started = time.monotonic()
+        hook.close()
+        print(f"close() after the MLflow server was killed: {time.monotonic() - started:.2f} s")
+
+    assert [m.step for m in before] == [0, 1, 2, 3]
+    stats = hook.backend_stats()
+    assert stats["local"].written == 8
+    mlflow_stats = stats["mlflow"]
+    assert (mlflow_stats.written, mlflow_stats.failed, mlflow_stats.dropped, mlflow_stats.abandoned) == (4, 4, 0, 0)
+    assert mlflow_stats.produced == 8
+    messages = _tensorlens_warnings(caught)
+    assert messages and all("unreachable" in m for m in messages), messages
+    assert f"the MLflow tracking server at {uri} is unreachable" in messages[0]
+    assert not any("falling behind" in m or "blocked" in m for m in messages)
+    with tl.open_run(hook.run_dir) as run:
+        assert run.steps() == list(range(8))
+
+
+@pytest.mark.timeout(600)
+def test_a_frozen_tracker_holds_close_only_for_the_stall_timeout(own_server, tmp_path: Path) -> None:
+    """SIGSTOP: the server still accepts connections (the kernel does) but never answers."""
+    process, uri = own_server
+    client = MlflowClient(uri)
+    run_id = _new_run(client, tmp_path)
+    backend = MLflowBackend(tracking_uri=uri, run_id=run_id, histogram_every=0, heatmaps=False)
+    model = Tiny()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hook = tl.watch(model, save_interval=1, backends=[backend], out_dir=tmp_path / "run")
+        _train_steps(hook, model, 3)
+        assert hook.flush() is True
+        os.killpg(process.pid, signal.SIGSTOP)
+        try:
+            _train_steps(hook, model, 3)
+            started = time.monotonic()
+            hook.close()
+            print(f"close() with the MLflow server frozen: {time.monotonic() - started:.2f} s")
+            # close() returned while the backend still waits for the frozen server
+            assert any(t.name == "tensorlens-mlflow" and t.is_alive() for t in threading.enumerate())
+        finally:
+            os.killpg(process.pid, signal.SIGCONT)
+
+    stats = hook.backend_stats()["mlflow"]
+    assert stats.produced == 6 and stats.written == 3 and stats.failed == 0
+    assert stats.written + stats.failed + stats.dropped + stats.abandoned == 6 and stats.abandoned == 3
+    messages = _tensorlens_warnings(caught)
+    assert len(messages) == 1 and "was blocked in write() for" in messages[0] and "3 record(s) abandoned" in messages[0]
+    with tl.open_run(hook.run_dir) as run:
+        assert run.steps() == list(range(6))

@@ -111,6 +111,7 @@ class RunFile:
     config: dict[str, Any]
     metrics: list[dict[str, Any]]  # define_metric records: name / glob_name / step_metric
     record_types: dict[str, int]
+    alerts: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # run.alert: title / text / level
 
     @property
     def files_dir(self) -> str:
@@ -149,6 +150,7 @@ def read_run_file(path: str) -> RunFile:
     config: dict[str, Any] = {}
     metrics: list[dict[str, Any]] = []
     types: dict[str, int] = {}
+    alerts: list[dict[str, Any]] = []
     for payload in iter_payloads(path):
         record = pb.Record()
         record.ParseFromString(payload)
@@ -170,7 +172,9 @@ def read_run_file(path: str) -> RunFile:
         elif kind == "metric":
             m = record.metric
             metrics.append({"name": m.name, "glob_name": m.glob_name, "step_metric": m.step_metric})
-    return RunFile(path, history, summary, config, metrics, types)
+        elif kind == "alert":
+            alerts.append({"title": record.alert.title, "text": record.alert.text, "level": record.alert.level})
+    return RunFile(path, history, summary, config, metrics, types, alerts)
 
 
 def run_file_path(run_dir: str) -> str:

@@ -6,6 +6,14 @@ compiler and the CPU, and loaded with :mod:`ctypes` (which releases the GIL duri
 It needs no Python headers and builds in well under a second. Where there is no compiler, or the
 build fails, or ``TENSORLENS_NATIVE=0``, :func:`moments` returns ``None`` and the caller uses
 PyTorch ops, which give the same statistics (see ``tests/test_native.py``).
+
+Loading a library runs its code, so the cache is used only when nobody else can write it: the
+folder must be a real folder (not a symlink) owned by this user and not writable by group or
+others, its parents owned by this user or root and not writable by others (unless sticky, like
+``/tmp``), and the library a regular file owned by this user and writable by nobody else. A cache
+that fails these checks is not touched: the kernel is built in a private temporary folder
+(``mkdtemp``, mode 0700) for this process, which is removed once the library is loaded, and one
+warning names the cache folder.
 ``TENSORLENS_NATIVE_THREADS`` caps the threads of a call (default: ``torch.get_num_threads()``).
 
 Threads: where PyTorch's own ``libgomp.so.1`` is loaded (its Linux wheels), the kernel is built
@@ -22,9 +30,11 @@ import hashlib
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 
 _SOURCE = Path(__file__).with_name("moments.c")
@@ -32,6 +42,7 @@ _FLAG_SETS = (["-O3", "-march=native"], ["-O3"])  # -march=native may be unknown
 _OPENMP = "-fopenmp"
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
+_library_path: str | None = None  # the file the loaded kernel came from (tests check where)
 _tried = False
 _shares = False  # the loaded kernel's threads are PyTorch's OpenMP workers
 
@@ -50,6 +61,70 @@ def _cpu_signature() -> str:
     return f"{platform.machine()} {platform.processor()} {flags}"
 
 
+def cache_dir() -> Path:
+    """Where built kernels are kept: ``$TENSORLENS_CACHE`` or ``~/.cache/tensorlens``."""
+    return Path(os.environ.get("TENSORLENS_CACHE") or Path.home() / ".cache" / "tensorlens")
+
+
+def _unsafe_folder(path: Path) -> str | None:
+    """Why a library in ``path`` could have been written by someone else (``None``: it could not)."""
+    try:
+        info = os.lstat(path)
+    except OSError as err:
+        return f"it cannot be read ({err.strerror})"
+    if stat.S_ISLNK(info.st_mode):
+        return "it is a symbolic link"
+    if not stat.S_ISDIR(info.st_mode):
+        return "it is not a folder"
+    if info.st_uid != os.geteuid():
+        return f"it is owned by uid {info.st_uid}, not by this user (uid {os.geteuid()})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"it is writable by group or others (mode {stat.S_IMODE(info.st_mode):o})"
+    # whoever can write a parent can rename the folder and put another in its place
+    for parent in Path(os.path.realpath(path)).parents:
+        try:
+            info = os.stat(parent)
+        except OSError as err:
+            return f"its parent {parent} cannot be read ({err.strerror})"
+        if info.st_uid not in (0, os.geteuid()):
+            return f"its parent {parent} is owned by uid {info.st_uid}"
+        if info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
+            return f"its parent {parent} is writable by others (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
+def _safe_library(path: Path) -> bool:
+    """A regular file (not a symlink) owned by this user and writable by nobody else."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return (
+        stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
+        and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    )
+
+
+def _private_cache() -> tuple[Path, bool]:
+    """``(folder, temporary)``: the user's cache when it is safe (created 0700 when missing),
+    else a fresh private temporary folder for this process (with one warning)."""
+    cache = cache_dir()
+    try:
+        cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+        problem = _unsafe_folder(cache)
+    except OSError as err:
+        problem = f"it cannot be created ({err.strerror})"
+    if problem is None:
+        return cache, False
+    warnings.warn(
+        f"tensorlens: not loading the compiled kernel from {cache}: {problem}; building it in a private "
+        "temporary folder for this process instead (set TENSORLENS_CACHE to a folder only you can write "
+        "to keep the build)",
+        stacklevel=3,
+    )
+    return Path(tempfile.mkdtemp(prefix="tensorlens-kernel-")), True
+
+
 def _build() -> ctypes.CDLL | None:
     if os.environ.get("TENSORLENS_NATIVE", "1") == "0" or os.name != "posix":
         return None
@@ -57,7 +132,16 @@ def _build() -> ctypes.CDLL | None:
     if compiler is None:
         return None
     source = _SOURCE.read_bytes()
-    cache = Path(os.environ.get("TENSORLENS_CACHE") or Path.home() / ".cache" / "tensorlens")
+    cache, temporary = _private_cache()
+    try:
+        return _build_in(cache, compiler, source)
+    finally:
+        if temporary:  # the loaded library stays mapped; nothing is left behind for others to find
+            shutil.rmtree(cache, ignore_errors=True)
+
+
+def _build_in(cache: Path, compiler: str, source: bytes) -> ctypes.CDLL | None:
+    global _library_path
     # With PyTorch's own libgomp loaded, an OpenMP build shares its runtime and its workers (one
     # libgomp.so.1 per process); any other build (libomp, TBB, no OpenMP) gets plain threads.
     flag_sets = [[*flags, _OPENMP] for flags in _FLAG_SETS] if _torch_uses_libgomp() else []
@@ -65,8 +149,9 @@ def _build() -> ctypes.CDLL | None:
         key = hashlib.sha256(source + repr((compiler, flags, _cpu_signature())).encode()).hexdigest()[:16]
         target = cache / f"moments-{key}.so"
         try:
-            if not target.exists():
-                cache.mkdir(parents=True, exist_ok=True)
+            # a file this user did not write alone (a symlink, another owner, a shared mode) is
+            # replaced, never loaded: only this user can write the folder, so the new one stays ours
+            if not _safe_library(target):
                 # build beside the target and rename: concurrent processes never load half a file
                 with tempfile.TemporaryDirectory(dir=cache) as scratch:
                     built = Path(scratch) / "moments.so"
@@ -74,10 +159,12 @@ def _build() -> ctypes.CDLL | None:
                         [compiler, *flags, "-fPIC", "-shared", "-pthread", "-o", str(built), str(_SOURCE), "-lm"],
                         check=True, capture_output=True, timeout=60,
                     )
+                    os.chmod(built, 0o755)
                     os.replace(built, target)
             library = ctypes.CDLL(str(target))
         except (OSError, subprocess.SubprocessError):
             continue
+        _library_path = str(target)
         library.tl_moments.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 7 + [ctypes.c_int32]
         library.tl_moments.restype = ctypes.c_int
         library.tl_shares_torch_threads.restype = ctypes.c_int
@@ -130,9 +217,14 @@ def prepare() -> None:
 
 def reset() -> None:
     """Forget the loaded kernel, so the next call decides again (tests, ``TENSORLENS_NATIVE``)."""
-    global _library, _tried, _shares
+    global _library, _library_path, _tried, _shares
     with _lock:
-        _library, _tried, _shares = None, False, False
+        _library, _library_path, _tried, _shares = None, None, False, False
+
+
+def library_path() -> str | None:
+    """The file the loaded kernel was read from (``None`` when none is loaded)."""
+    return _library_path if available() else None
 
 
 def shares_torch_threads() -> bool:

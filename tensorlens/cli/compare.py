@@ -1,0 +1,25 @@
+"""``tensorlens compare A B [--rtol R --atol A]``: where two stored runs first differ, per tensor
+and statistic, with both values; steps and tensors present in one run only. ``--check`` exits
+with 1 when they differ. The logic lives in :func:`tensorlens.rules.compare.compare_runs`.
+"""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command(name="compare")
+@click.argument("a", type=click.Path(exists=True))
+@click.argument("b", type=click.Path(exists=True))
+@click.option("--rtol", type=click.FloatRange(min=0.0), default=1e-6, show_default=True, help="Relative tolerance.")
+@click.option("--atol", type=click.FloatRange(min=0.0), default=0.0, show_default=True, help="Absolute tolerance.")
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Divergences listed at most.")
+@click.option("--check", is_flag=True, help="Exit with 1 when the runs differ.")
+def command(a: str, b: str, rtol: float, atol: float, limit: int, check: bool) -> None:
+    """Compare two stored runs step by step: the first step where each statistic differs."""
+    from tensorlens.rules.compare import compare_runs
+
+    result = compare_runs(a, b, rtol=rtol, atol=atol)
+    click.echo(result.summary(limit=limit))
+    if check and not result.equal:
+        raise SystemExit(1)

@@ -1,0 +1,58 @@
+"""Rules that watch a run online and offline, run comparison, and SageMaker Debugger's Trial API.
+
+>>> from tensorlens import rules as R
+>>> hook = tl.watch(model, rules=[R.VanishingGradient(), R.ExplodingTensor(action="stop")])   # doctest: +SKIP
+>>> R.invoke(tl.open_run("tensorlens_runs/exp1"), R.DeadRelu())                            # doctest: +SKIP
+>>> R.compare_runs("runs/a", "runs/b", rtol=1e-6).first_divergence                          # doctest: +SKIP
+>>> R.create_trial("runs/exp1").tensor("gradients/fc1.weight").reduction_value(100, "l2")   # doctest: +SKIP
+
+Modules: :mod:`.base` (the Rule class), the built-ins by what they read (:mod:`.tensors`,
+:mod:`.gradients`, :mod:`.activations`, :mod:`.losses`, :mod:`.classification`; :mod:`.builtin`
+names them all), :mod:`.online` (the runner beside training), :mod:`.offline` (``invoke``),
+:mod:`.compare`, :mod:`.trial`, :mod:`.exceptions`, and :mod:`.bounds` (what statistics prove).
+"""
+
+from __future__ import annotations
+
+from tensorlens.findings import Finding
+from tensorlens.rules.activations import DeadRelu, PoorWeightInitialization, SaturatedActivation
+from tensorlens.rules.base import Rule
+from tensorlens.rules.builtin import BUILTIN_RULES, DEFAULT_RULES, create_rule
+from tensorlens.rules.classification import ClassImbalance, Confusion
+from tensorlens.rules.compare import Comparison, Divergence, compare_records, compare_runs
+from tensorlens.rules.exceptions import (
+    NoMoreData,
+    RuleEvaluationConditionMet,
+    RuleWarning,
+    StepNotYetAvailable,
+    StepUnavailable,
+    TensorUnavailable,
+    TensorUnavailableForStep,
+)
+from tensorlens.rules.gradients import (
+    GradientNormSpike,
+    NonFiniteGradient,
+    UpdateRatioOutOfRange,
+    VanishingGradient,
+    WeightUpdateRatio,
+)
+from tensorlens.rules.losses import LossNotDecreasing, Overfit, Overtraining, StalledTraining
+from tensorlens.rules.offline import invoke, invoke_rule, rules_command
+from tensorlens.rules.online import RuleRunner
+from tensorlens.rules.params import modules_regex
+from tensorlens.rules.tensors import AllZero, ExplodingTensor, SimilarAcrossRuns, TensorVariance, UnchangedTensor
+from tensorlens.rules.trial import StepState, Trial, TrialTensor, create_trial
+
+#: SageMaker's name for StalledTraining.
+StalledTrainingRule = StalledTraining
+
+__all__ = [
+    "BUILTIN_RULES", "DEFAULT_RULES", "AllZero", "ClassImbalance", "Comparison", "Confusion", "DeadRelu", "Divergence",
+    "ExplodingTensor", "Finding", "GradientNormSpike", "LossNotDecreasing", "NoMoreData", "NonFiniteGradient", "Overfit",
+    "Overtraining", "PoorWeightInitialization", "Rule", "RuleEvaluationConditionMet", "RuleRunner", "RuleWarning",
+    "SaturatedActivation", "SimilarAcrossRuns", "StalledTraining", "StalledTrainingRule", "StepNotYetAvailable",
+    "StepState", "StepUnavailable", "TensorUnavailable", "TensorUnavailableForStep", "TensorVariance", "Trial",
+    "TrialTensor", "UnchangedTensor", "UpdateRatioOutOfRange", "VanishingGradient", "WeightUpdateRatio",
+    "compare_records", "compare_runs", "create_rule", "create_trial", "invoke", "invoke_rule", "modules_regex",
+    "rules_command",
+]
