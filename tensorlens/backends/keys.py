@@ -1,6 +1,6 @@
 """The one key scheme of every tracker: ``<prefix>/[<mode>/][<worker>/]<collection>/<tensor>/<stat>``.
 
-Train records need no mode part (nor epoch records: their tensors are named ``epochs/...``) and the run's own worker (``worker_0``, or ``reduced`` for
+Train records need no mode part and the run's own worker (``worker_0``, or ``reduced`` for
 statistics merged across ranks) no worker part, so a single-process run reads
 ``tensorlens/gradients/fc1.weight/l2``; an eval record ``tensorlens/eval/...``; rank 1 of a run
 recorded with ``include_workers="all"`` (replayed by ``tensorlens sync``) ``tensorlens/worker_1/...``.
@@ -22,7 +22,7 @@ def key_parts(prefix: str, mode: ModeKeys | str, worker: str | None) -> list[str
     """
     parts = [prefix] if prefix else []
     mode = ModeKeys.coerce(mode)
-    if mode not in (ModeKeys.TRAIN, ModeKeys.EPOCH):  # epoch records' tensors say it: epochs/...
+    if mode != ModeKeys.TRAIN:
         parts.append(str(mode))
     if worker is not None and worker not in PRIMARY_WORKERS:
         parts.append(worker)

@@ -67,10 +67,10 @@ def test_update_ratio_profile_and_epochs_in_wandb(tmp_path: Any) -> None:
     assert profile["data"] == expected
     assert "tensorlens/profile/dynamics/update_ratio" in run_file.config["_wandb"]["visualize"]
 
-    # epoch records: keyed tensorlens/epochs/..., at the step the epoch ended, with the epoch
-    epochs = [row for row in run_file.history if "tensorlens/epochs/dynamics/global/grad_norm_mean" in row]
+    # epoch records: keyed tensorlens/epoch/epochs/..., at the step the epoch ended, with the epoch
+    epochs = [row for row in run_file.history if "tensorlens/epoch/epochs/dynamics/global/grad_norm_mean" in row]
     assert [(row["tensorlens/step"], row["tensorlens/epoch/step"]) for row in epochs] == [(3, 0), (5, 1)]
-    assert epochs[1]["tensorlens/epochs/dynamics/global/grad_norm_mean"] == (
+    assert epochs[1]["tensorlens/epoch/epochs/dynamics/global/grad_norm_mean"] == (
         stored.tensor("epochs/dynamics/global").reduction_value(step=1, name="grad_norm_mean"))
     stored.close()
 
