@@ -62,6 +62,8 @@ class _Previous:
     step: int
     grads: dict[int, torch.Tensor]  # id(param) -> copy of its (local) gradient
     updates: dict[int, torch.Tensor]  # id(param) -> its (local) update
+    # when that step was saved too: id(param) -> (this rank's sum of g^2, of d^2), already computed
+    squares: dict[int, tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -211,13 +213,23 @@ class Dynamics:
             index = torch.tensor(cos, device=device)
             previous = [prev.grads[id(tensors[i])] for i in cos]
             partials[index, PARTIAL["grad_dot_prev"]] = derived.dot_products([grads[i] for i in cos], previous).to(device)
-            partials[index, PARTIAL["prev_grad_sq"]] = derived.squared_norms(previous).to(device)
+            partials[index, PARTIAL["prev_grad_sq"]] = self._previous_squares(prev, [tensors[i] for i in cos], previous, 0, device)
         init = [i for i, ok in enumerate(has["distance_from_init"]) if ok]
         if init and self._init is not None:
             index = torch.tensor(init, device=device)
             moved = [params[i] - self._init[id(tensors[i])].to(params[i].device) for i in init]
             partials[index, PARTIAL["init_distance_sq"]] = derived.squared_norms(moved).to(device)
         return partials
+
+    @staticmethod
+    def _previous_squares(
+        prev: _Previous, params: list[torch.Tensor], previous: list[torch.Tensor], which: int, device: torch.device
+    ) -> torch.Tensor:
+        """Squared norms of the previous step's gradients (``which=0``) or updates (``1``): taken
+        from that step when it was saved too, else computed."""
+        if all(id(p) in prev.squares for p in params):
+            return torch.stack([prev.squares[id(p)][which] for p in params]).to(device)
+        return derived.squared_norms(previous).to(device)
 
     def read_clipped(self, params: list[tuple[str, torch.Tensor]], piece: Piece) -> None:
         """The gradients again, after clipping (Lightning clips between reading them and the
@@ -254,7 +266,11 @@ class Dynamics:
             index = torch.tensor(cos, device=device)
             previous = [prev.updates[id(state.params[i])] for i in cos]
             partials[index, PARTIAL["update_dot_prev"]] = derived.dot_products([updates[i] for i in cos], previous).to(device)
-            partials[index, PARTIAL["prev_update_sq"]] = derived.squared_norms(previous).to(device)
+            partials[index, PARTIAL["prev_update_sq"]] = self._previous_squares(prev, [state.params[i] for i in cos], previous, 1, device)
+        if self._prev is not None and self._prev.step == state.step:  # consecutive saved steps: reuse these sums
+            self._prev.squares = {
+                id(p): (partials[i, PARTIAL["grad_sq"]], partials[i, PARTIAL["update_sq"]]) for i, p in enumerate(state.params)
+            }
         clipped = state.clipped.reshape(1).to(device) if state.clipped is not None else None
         if reducer is not None and any(state.sharded):
             partials, clipped = self._merge(partials, clipped, state.sharded, reducer, rank)

@@ -112,11 +112,12 @@ def _norm(a: np.ndarray) -> float:
     return float(np.linalg.norm(a.ravel()))
 
 
-def test_parameter_dynamics_equal_numpy_with_cosines_across_optimizer_steps(tmp_path: Any) -> None:
+@pytest.mark.parametrize("save_interval", [3, 1])  # 1: each step reuses the previous one's sums
+def test_parameter_dynamics_equal_numpy_with_cosines_across_optimizer_steps(tmp_path: Any, save_interval: int) -> None:
     steps = 8
     ref = reference(steps)
-    _, mem = watched_run(tmp_path, steps, save_interval=3, distance_from_init=True)
-    assert [r.step for r in mem.records] == [0, 3, 6]
+    _, mem = watched_run(tmp_path, steps, save_interval=save_interval, distance_from_init=True)
+    assert [r.step for r in mem.records] == list(range(0, steps, save_interval))
     init = ref[0]["before"]
     for record in mem.records:
         t, s = record.step, record.scalar_dict()
