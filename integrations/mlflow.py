@@ -5,8 +5,8 @@ What reaches the MLflow run (``prefix="tensorlens"``):
 - every scalar of a record as a metric ``tensorlens/<collection>/<tensor>/<stat>`` at
   ``step=record.step`` (the global optimizer step) with the record's wall time; records of other
   modes get a mode infix, ``tensorlens/eval/<collection>/<tensor>/<stat>``;
-- for every histogram, seven quantile metrics ``.../p01 p05 p25 p50 p75 p95 p99`` read off the
-  counts (linear interpolation within a bin, see :func:`histogram_quantiles`);
+- the quantiles of every histogram, ``.../p01 p05 p25 p50 p75 p95 p99``: recorded statistics of
+  the record (``HistogramConfig.quantiles``), which the local store and every backend get alike;
 - the histograms themselves as compact JSON artifacts, one file per ``histogram_every`` saved
   steps holding every tensor (``tensorlens/histograms/<mode>/histograms-<first mode step>.json``);
 - at ``close()``, one PNG heatmap per tensor of its histogram over time
@@ -40,7 +40,6 @@ import time
 import urllib.parse
 import urllib.request
 import warnings
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -53,6 +52,7 @@ from tensorlens.findings import Finding
 from tensorlens.modes import ModeKeys
 from tensorlens.records import HistogramEntry, StepRecord
 from tensorlens.stats.registry import STATISTICS
+from tensorlens.stats.views import StrideThinner, heatmap_grid, histogram_quantiles
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -195,35 +195,6 @@ def _hashed(key: str, identity: str, length: int) -> str:
 SERIES_SUFFIXES: frozenset[str] = frozenset([*STATISTICS, *(suffix for suffix, _ in QUANTILES)])
 _MODE_NAMES = frozenset(str(mode) for mode in ModeKeys)
 _WORKER_INFIX = re.compile(r"^worker_\d+$")
-
-
-# ---------------------------------------------------------------------------- quantiles
-
-
-def histogram_quantiles(counts: np.ndarray, edges: np.ndarray, levels: Sequence[float]) -> np.ndarray | None:
-    """Quantiles of the binned values, interpolating linearly within a bin.
-
-    The ``q``-quantile is the value at which the cumulative count reaches ``q * counts.sum()``,
-    taking the values of each bin as spread evenly between its edges. ``None`` when nothing was
-    binned. Display values derived from the stored counts, not a statistic of the tensor.
-
-    >>> histogram_quantiles(np.array([1, 0, 3]), np.array([0.0, 1.0, 2.0, 3.0]), [0.25, 0.5])
-    array([1.        , 2.33333333])
-    """
-    counts = np.asarray(counts, dtype=np.float64)
-    edges = np.asarray(edges, dtype=np.float64)
-    total = counts.sum()
-    if counts.size == 0 or not total > 0:
-        return None
-    cumulative = np.cumsum(counts)
-    targets = np.asarray(levels, dtype=np.float64) * total
-    # the first bin whose cumulative count reaches the target; it is never empty when target > 0
-    index = np.minimum(np.searchsorted(cumulative, targets, side="left"), counts.size - 1)
-    before = cumulative[index] - counts[index]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        fraction = np.where(counts[index] > 0, (targets - before) / counts[index], 0.0)
-    fraction = np.clip(fraction, 0.0, 1.0)
-    return edges[index] + fraction * (edges[index + 1] - edges[index])
 
 
 # ---------------------------------------------------------------------------- the backend
@@ -369,11 +340,6 @@ class MLflowBackend(Backend):
         values: dict[str, float] = {}
         for (tensor, stat), value in zip(record.scalar_names, record.scalar_values.tolist(), strict=True):
             values[self.metric_key(tensor, stat, record.mode, record.worker)] = value
-        for histogram in record.histograms:
-            quantiles = histogram_quantiles(histogram.counts, histogram.edges, [q for _, q in QUANTILES])
-            if quantiles is not None:
-                for (suffix, _), value in zip(QUANTILES, quantiles.tolist(), strict=True):
-                    values[self.metric_key(histogram.tensor, suffix, record.mode, record.worker)] = value
         metrics = [Metric(key, value, timestamp, record.step) for key, value in values.items()]
 
         if self.histogram_every and record.histograms:
@@ -624,38 +590,28 @@ def _histogram_json(h: HistogramEntry) -> dict[str, Any]:
 
 
 class _HeatmapColumns:
-    """One tensor's histograms over time, thinned to at most ``_HEATMAP_COLUMNS`` columns."""
+    """One tensor's histograms over time, thinned by :class:`~tensorlens.stats.views.StrideThinner`:
+    when ``2 * _HEATMAP_COLUMNS`` columns are reached, every other one is dropped."""
 
     def __init__(self) -> None:
-        self.steps: list[int] = []
-        self.counts: list[np.ndarray] = []
-        self.edges: list[np.ndarray] = []
-        self._stride = 1
+        self._kept = StrideThinner(2 * _HEATMAP_COLUMNS - 1)
         self._seen = 0
 
     def add(self, step: int, histogram: HistogramEntry) -> None:
-        seen, self._seen = self._seen, self._seen + 1
-        if seen % self._stride:
-            return
-        self.steps.append(step)
-        self.counts.append(np.asarray(histogram.counts, dtype=np.float64))
-        self.edges.append(np.asarray(histogram.edges, dtype=np.float64))
-        if len(self.steps) >= 2 * _HEATMAP_COLUMNS:
-            self.steps, self.counts, self.edges = self.steps[::2], self.counts[::2], self.edges[::2]
-            self._stride *= 2
+        self._kept.add(self._seen, (step, np.asarray(histogram.counts, dtype=np.float64), np.asarray(histogram.edges, dtype=np.float64)))
+        self._seen += 1
 
+    @property
+    def steps(self) -> list[int]:
+        return [step for step, _, _ in self._kept.values(latest=False)]
 
-def _rebin(counts: np.ndarray, edges: np.ndarray, grid: np.ndarray) -> np.ndarray:
-    """Fractions of ``counts`` falling in each cell of ``grid``, values spread evenly within a bin."""
-    total = counts.sum()
-    if not total > 0 or not np.all(np.isfinite(edges)):
-        return np.zeros(len(grid) - 1)
-    if np.all(np.diff(edges) > 0):
-        cumulative = np.interp(grid, edges, np.concatenate([[0.0], np.cumsum(counts)]))
-        return np.diff(cumulative) / total
-    # collapsed edges (a huge constant): put each bin's mass at its centre
-    centres = (edges[:-1] + edges[1:]) / 2
-    return np.histogram(np.clip(centres, grid[0], grid[-1]), bins=grid, weights=counts)[0] / total
+    @property
+    def counts(self) -> list[np.ndarray]:
+        return [counts for _, counts, _ in self._kept.values(latest=False)]
+
+    @property
+    def edges(self) -> list[np.ndarray]:
+        return [edges for _, _, edges in self._kept.values(latest=False)]
 
 
 class _HeatmapPainter:
@@ -678,13 +634,8 @@ class _HeatmapPainter:
         self.mesh: Any = None
 
     def draw(self, columns: _HeatmapColumns, title: str, xlabel: str, path: str) -> None:
-        finite = [e for e in columns.edges if np.all(np.isfinite(e))]
-        low = min((float(e[0]) for e in finite), default=0.0)
-        high = max((float(e[-1]) for e in finite), default=1.0)
-        if not high > low:
-            low, high = low - 0.5, high + 0.5
-        grid = np.linspace(low, high, _HEATMAP_ROWS + 1)
-        image = np.stack([_rebin(c, e, grid) for c, e in zip(columns.counts, columns.edges, strict=True)], axis=1)
+        grid, image = heatmap_grid(columns.counts, columns.edges, _HEATMAP_ROWS, axis="range")
+        low, high = float(grid[0]), float(grid[-1])
         steps = np.asarray(columns.steps, dtype=np.float64)
         # column boundaries halfway between saved steps, so uneven save intervals are drawn to scale
         if len(steps) > 1:

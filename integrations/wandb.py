@@ -60,6 +60,7 @@ from tensorlens.backends.optional import import_optional, is_lightning_logger
 from tensorlens.findings import Finding
 from tensorlens.modes import ModeKeys
 from tensorlens.records import HistogramEntry, StepRecord, collection_of
+from tensorlens.stats.views import StrideThinner
 
 if TYPE_CHECKING:
     from wandb.sdk.wandb_run import Run as WandbRun
@@ -164,9 +165,9 @@ class WandbBackend(Backend):
         self._last_step = 0
         self._train_records = 0  # saved train records seen: drives the table schedule
         self._unlogged = False  # a snapshot was taken after the last table log
-        self._profile_lines = {p: _Thinned(MAX_PROFILE_LINES) for p in profiles}
+        self._profile_lines = {p: StrideThinner(MAX_PROFILE_LINES) for p in profiles}
         self._profile_keys: dict[tuple[str, str], str] = {}
-        self._heatmaps: dict[str, _Thinned] = {}
+        self._heatmaps: dict[str, StrideThinner] = {}
         self._alerted: set[tuple[str, str | None]] = set()
         self._finding_counts: dict[str, int] = {}
 
@@ -344,7 +345,7 @@ class WandbBackend(Backend):
             for hist in record.histograms:
                 if self._heatmap_match(hist.tensor) and len(hist.counts) and np.all(np.isfinite(hist.edges)):
                     key = f"{self._base(record)}/heatmap/{hist.tensor}"
-                    self._heatmaps.setdefault(key, _Thinned(MAX_HEATMAP_STEPS)).add(
+                    self._heatmaps.setdefault(key, StrideThinner(MAX_HEATMAP_STEPS)).add(
                         index, (int(record.step), np.asarray(hist.counts), np.asarray(hist.edges))
                     )
                     taken = True
@@ -389,33 +390,6 @@ class WandbBackend(Backend):
 PROFILE_COLUMNS = ("step", "depth", "tensor", "value")
 #: Columns of a heatmap table: one row per (logged step, bin); the spec's ``${field:...}`` names.
 HEATMAP_COLUMNS = ("step", "low", "high", "count")
-
-
-class _Thinned:
-    """At most ``cap`` items, evenly spread over everything added: when full, every other item
-    is dropped and only every ``2 * stride``-th index is taken from then on. The latest item is
-    always shown, so a chart ends at the newest step."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.stride = 1
-        self.items: list[tuple[int, Any]] = []
-        self.latest: tuple[int, Any] | None = None
-
-    def add(self, index: int, item: Any) -> None:
-        self.latest = (index, item)
-        if index % self.stride:
-            return
-        self.items.append((index, item))
-        while len(self.items) > self.cap:
-            self.stride *= 2
-            self.items = [(i, x) for i, x in self.items if i % self.stride == 0]
-
-    def values(self) -> list[Any]:
-        items = list(self.items)
-        if self.latest is not None and (not items or items[-1][0] != self.latest[0]):
-            items.append(self.latest)
-        return [x for _, x in items]
 
 
 def _user_passes_step(run: Any) -> bool:

@@ -19,6 +19,7 @@ from tensorlens.file_limit import setup
 from tensorlens.findings import Finding
 from tensorlens.modes import ModeKeys
 from tensorlens.records import HistogramEntry, ScalarEntry, StepRecord, TensorEntry
+from tensorlens.reports import explore, report
 from tensorlens.rules.compare import compare_runs
 from tensorlens.rules.trial import create_trial
 from tensorlens.scales import (
@@ -59,6 +60,7 @@ __all__ = [
     "TensorView",
     "compare_runs",
     "create_trial",
+    "explore",
     "modes",
     "open_run",
     "plot_scales",
@@ -67,6 +69,7 @@ __all__ = [
     "prune_selected_nodes",
     "register_backend",
     "registered_backends",
+    "report",
     "rules",
     "setup",
     "summarize_scalar",

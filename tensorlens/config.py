@@ -27,6 +27,8 @@ COUNTS = ("zero_fraction",)
 MAX_HISTOGRAM_BINS = 512  # W&B rejects more than 512 bins
 #: SageMaker Debugger's default save interval (``tl.watch`` and the callbacks use 100).
 DEFAULT_SAVE_INTERVAL = 500
+#: Quantiles recorded from every histogram (``p01 ... p99``).
+DEFAULT_QUANTILES = (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 
 
 def _names(name: str, value: Any, allowed: Iterable[str]) -> tuple[str, ...]:
@@ -182,6 +184,10 @@ class HistogramConfig:
     - ``reject_outliers``: the fraction of (sampled) values farthest from the median that are
       left out of the bins and the range (0.0 keeps all); they are counted in ``rejected``.
 
+    - ``quantiles``: levels read off every histogram and recorded as statistics of its tensor
+      (``p01 p05 p25 p50 p75 p95 p99`` by default, linear within a bin: display values of the
+      binned sample, not exact order statistics); ``()`` records none.
+
     NaN and Inf are never binned; they are counted in ``nan_count`` / ``inf_count``.
     """
 
@@ -189,6 +195,7 @@ class HistogramConfig:
     range: tuple[float, float] | None = None
     sample: int | None = 4096
     reject_outliers: float = 0.0
+    quantiles: tuple[float, ...] = DEFAULT_QUANTILES
 
     def __post_init__(self) -> None:
         if isinstance(self.bins, bool) or not isinstance(self.bins, int) or not 0 <= self.bins <= MAX_HISTOGRAM_BINS:
@@ -206,6 +213,13 @@ class HistogramConfig:
             0.0 <= self.reject_outliers < 1.0
         ):
             raise expected("reject_outliers", "a float in [0, 1)", self.reject_outliers)
+        try:
+            levels = tuple(float(q) for q in self.quantiles)
+        except (TypeError, ValueError):
+            raise expected("quantiles", "a list of levels in (0, 1)", self.quantiles) from None
+        if any(not 0.0 < q < 1.0 for q in levels) or isinstance(self.quantiles, (str, bytes)):
+            raise expected("quantiles", "a list of levels in (0, 1)", self.quantiles)
+        object.__setattr__(self, "quantiles", tuple(dict.fromkeys(levels)))
 
     @property
     def enabled(self) -> bool:

@@ -61,7 +61,9 @@ def test_a_hook_from_the_file_records_what_it_says(tmp_path: Any) -> None:
     assert run.tensor("weights/0.weight").steps() == [0, 2]
     assert run.tensor("gradients/0.weight").steps() == [0, 1, 2, 3]
     assert run.tensor("weights/0.weight").reduction_names() == ["abs_mean", "inf_count", "l2", "max", "min", "nan_count", "numel"]
-    assert run.tensor("gradients/0.weight").reduction_names() == ["abs_l1", "inf_count", "nan_count", "numel", "std"]
+    names = run.tensor("gradients/0.weight").reduction_names()
+    # the asked reductions, the counts always recorded, and the histogram's quantiles
+    assert [n for n in names if not n.startswith("p")] == ["abs_l1", "inf_count", "nan_count", "numel", "std"]
     assert run.read_tensor("labels/labels", step=3).tensor.tolist() == y.tolist()
     assert run.tensor("losses/crossentropyloss").steps(mode="eval") == [0]
     with pytest.raises(Exception, match="no histogram"):

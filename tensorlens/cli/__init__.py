@@ -1,66 +1,58 @@
-"""The ``tensorlens`` command: inspect a stored run.
+"""The ``tensorlens`` command: look at stored runs from a shell.
 
-    tensorlens summary tensorlens_runs/<run>       # steps, tensors and the last values
-    tensorlens wandb-install-chart --entity E      # install the W&B histogram-heatmap chart
+    tensorlens ls [RUNS_DIR]                         runs: name, steps, modes, workers, size, last write
+    tensorlens show RUN [TENSOR] [--stat l2] [--step N] [--mode eval]
+    tensorlens report RUN [RUN ...] -o report.html   one self-contained HTML file, runs overlaid
+    tensorlens explore RUN -o explorer.html          the module tree with its statistics
+    tensorlens export RUN --format csv|parquet       tidy: step, mode, mode_step, worker, tensor, statistic, value
+    tensorlens rules RUN [--rule SPEC ...] [--check]  run rules over a stored run
+    tensorlens compare RUN_A RUN_B [--check]         where two runs diverge
+    tensorlens wandb-install-chart --entity E        the W&B histogram-heatmap custom chart
+    tensorlens --version                             (also: python -m tensorlens --version)
+
+It needs ``click`` (and uses ``tqdm`` for progress bars): ``pip install 'tensorlens[cli]'``.
+
+Adding a subcommand (``sync``...): write ``tensorlens/cli/<name>.py``
+holding a ``click`` command called ``command`` (see ``show.py`` for the conventions: a docstring
+as help, errors raised as ordinary exceptions or ``click.ClickException``, output through
+``click.echo``, tables through :mod:`tensorlens.cli.table`), then add one line to
+:data:`COMMANDS`. Modules are imported only when their command runs, so ``tensorlens --help``
+stays fast and a subcommand's own optional dependencies are imported inside it. Exit codes:
+0 success, 1 an error (printed as ``Error: ...``, no traceback unless ``TENSORLENS_DEBUG=1``),
+2 a usage error, 130 interrupted, 141 the reader of the output went away (``| head``).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from tensorlens.store.reader import open_run
+#: Subcommand name -> module holding its ``command``, in the order ``--help`` lists them.
+COMMANDS: dict[str, str] = {
+    "ls": "tensorlens.cli.ls",
+    "show": "tensorlens.cli.show",
+    "summary": "tensorlens.cli.show:summary",
+    "report": "tensorlens.cli.report",
+    "explore": "tensorlens.cli.explore",
+    "export": "tensorlens.cli.export",
+    "rules": "tensorlens.cli.rules",
+    "compare": "tensorlens.cli.compare",
+    "wandb-install-chart": "tensorlens.cli.wandb_chart",
+}
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
-
-
-def _summary(args: argparse.Namespace) -> int:
-    with open_run(args.run) as run:
-        steps = run.steps()
-        print(f"run {run.path}: {len(steps)} saved steps ({steps[0] if steps else '-'} .. {steps[-1] if steps else '-'})")
-        last = steps[-1] if steps else None
-        for name in run.tensor_names(regex=args.regex):
-            view = run.tensor(name)
-            if last is None:
-                continue
-            stats = view.reduction_names()
-            shown = []
-            for stat in stats[:6]:
-                try:
-                    shown.append(f"{stat}={view.reduction_value(last, stat):.4g}")
-                except KeyError:
-                    pass
-            print(f"  {name}: {' '.join(shown)}")
-    return 0
-
-
-def _wandb_install_chart(args: argparse.Namespace) -> int:
-    # imported here: the CLI core never imports an optional tracker
-    from tensorlens.integrations.wandb import install_chart_command
-
-    return install_chart_command(args.entity, args.name, args.access, print_spec=args.print_spec)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tensorlens", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    summary = sub.add_parser("summary", help="print the steps and tensors of a stored run")
-    summary.add_argument("run", help="a run folder")
-    summary.add_argument("--regex", default=None, help="only tensors whose name matches")
-    summary.set_defaults(handler=_summary)
-    chart = sub.add_parser("wandb-install-chart", help="install the histogram-heatmap custom chart on the W&B server")
-    chart.add_argument("--entity", default=None, help="the W&B user or team that owns the chart (required to install)")
-    chart.add_argument("--name", default="tensorlens/histogram-heatmap", help="chart name (default: %(default)s)")
-    chart.add_argument("--access", choices=("private", "public"), default="private")
-    chart.add_argument("--print-spec", action="store_true", help="print the Vega-Lite spec instead of installing it")
-    chart.set_defaults(handler=_wandb_install_chart)
-    return parser
+INSTALL_HINT = "The tensorlens command needs the `click` package: pip install 'tensorlens[cli]'"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.handler(args)
+    """Run the command line; returns the exit code (the console script exits with it)."""
+    try:
+        import click  # noqa: F401
+    except ImportError:
+        print(INSTALL_HINT, file=sys.stderr)
+        return 1
+    from tensorlens.cli.group import run
+
+    return run(argv)
 
 
 if __name__ == "__main__":

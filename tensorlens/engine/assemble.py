@@ -19,6 +19,7 @@ from tensorlens.modes import ModeKeys
 from tensorlens.records import HISTOGRAM_INFO, ScalarEntry, StepRecord, TensorEntry
 from tensorlens.stats.edges import exact_edges
 from tensorlens.stats.moments import COL, PARTIALS, finalize_rows
+from tensorlens.stats.views import histogram_quantile_rows, quantile_name
 
 
 @dataclasses.dataclass
@@ -125,6 +126,9 @@ class HostStatistics:
             for i, h in ((i, self.histograms[i]) for i in order)
         ]
         values = matrix[stat_index, job_index]
+        quantile_names, quantile_values = self._quantiles(order, edges)
+        if quantile_names:
+            names, values = names + quantile_names, np.concatenate([values, quantile_values])
         if self.derived_names:
             names, values = names + self.derived_names, np.concatenate([values, self.derived_values])
         return _PackedPart(
@@ -132,6 +136,25 @@ class HostStatistics:
             tuple((self.jobs[i].name, len(self.histograms[i].counts)) for i in order),
             [self.histograms[i].counts for i in order], [edges[i] for i in order], info,
         )
+
+    def _quantiles(self, order: list[int], edges: dict[int, np.ndarray]) -> tuple[tuple[tuple[str, str], ...], np.ndarray]:
+        """The quantiles of every histogram (its config's levels) as scalars of its tensor: recorded
+        statistics that the store and every backend receive alike. One vectorised pass per group
+        of histograms with the same bins and levels."""
+        wanted = [i for i in order if self.jobs[i].histogram is not None and self.jobs[i].histogram.quantiles]
+        if not wanted:
+            return (), np.zeros(0)
+        groups: dict[tuple[int, tuple[float, ...]], list[int]] = {}
+        for i in wanted:
+            groups.setdefault((len(self.histograms[i].counts), self.jobs[i].histogram.quantiles), []).append(i)
+        found: dict[int, np.ndarray] = {}
+        for (_, levels), members in groups.items():
+            rows = histogram_quantile_rows(
+                np.stack([self.histograms[i].counts for i in members]), np.stack([edges[i] for i in members]), levels
+            )
+            found.update(zip(members, rows, strict=True))
+        names = _quantile_names(tuple((self.jobs[i].name, self.jobs[i].histogram.quantiles) for i in wanted))
+        return names, np.concatenate([found[i] for i in wanted])
 
     def tensors_and_shapes(self) -> tuple[list[TensorEntry], dict[str, tuple[int, ...]]]:
         """The raw tensors saved and the shapes recorded in this step."""
@@ -163,6 +186,11 @@ def _scalar_layout(jobs: tuple[tuple[str, tuple[str, ...], bool], ...]) -> tuple
             stat_index.append(len(_STAT_ORDER) if stat is None else _STAT_ORDER.index(stat))
             job_index.append(i)
     return tuple(names), np.array(stat_index, dtype=np.intp), np.array(job_index, dtype=np.intp)
+
+
+@functools.lru_cache(maxsize=16)
+def _quantile_names(histograms: tuple[tuple[str, tuple[float, ...]], ...]) -> tuple[tuple[str, str], ...]:
+    return tuple((name, quantile_name(level)) for name, levels in histograms for level in levels)
 
 
 _STAT_ORDER = tuple(finalize_rows(np.zeros((1, len(PARTIALS)))))

@@ -231,6 +231,8 @@ class Run:
             record = StepRecord.from_arrays(s.step, s.mode, s.mode_step, s.worker, s.wall_time, tensors=tensors, **arrays)
         except ValueError as err:  # arrays that do not fit their names (checked above; a last guard)
             raise CorruptRunError(f.path, str(err), None, s.where) from None
+        if not stored_shapes:  # the usual run (save_shape off): no scan of the record's names
+            return record
         shapes = {name: stored_shapes[name] for name in record.tensor_names() if name in stored_shapes}
         if not shapes:
             return record

@@ -25,7 +25,6 @@ from tensorlens.integrations.wandb import (  # noqa: E402
     HEATMAP_SPEC_PATH,
     PROFILE_COLUMNS,
     WandbBackend,
-    _Thinned,
 )
 
 try:  # tests/integrations may or may not be a package
@@ -448,14 +447,3 @@ def test_install_chart_command_offline_says_what_to_do(capsys: pytest.CaptureFix
     assert main(["wandb-install-chart", "--entity", "my-team", "--print-spec"]) == 0
     with open(HEATMAP_SPEC_PATH, encoding="utf-8") as f:
         assert json.loads(capsys.readouterr().out) == json.load(f)
-
-
-def test_thinning_keeps_evenly_spread_items_and_the_latest() -> None:
-    kept = _Thinned(8)
-    for i in range(100):
-        kept.add(i, i)
-    values = kept.values()
-    assert values[0] == 0 and values[-1] == 99
-    assert len(values) <= 9
-    gaps = {b - a for a, b in zip(values[:-2], values[1:-1], strict=True)}
-    assert len(gaps) == 1  # evenly spaced, except the always-shown latest

@@ -1,0 +1,94 @@
+"""Plain-text tables that fit the terminal: numbers right-aligned, the widest text column
+(tensor names) shortened in the middle with ``…`` when the table is too wide, and trailing
+columns left out (and named) when even that is not enough."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import sys
+import textwrap
+from collections.abc import Sequence
+from typing import Any
+
+
+def terminal_width() -> int | None:
+    """The terminal's width, or ``None`` (no limit) when standard output is not a terminal and
+    ``COLUMNS`` is not set: a table piped into a file or ``grep`` keeps its names whole."""
+    if os.environ.get("COLUMNS", "").isdigit():
+        return int(os.environ["COLUMNS"])
+    try:
+        if not sys.stdout.isatty():
+            return None
+    except (AttributeError, ValueError):
+        return None
+    return shutil.get_terminal_size((120, 24)).columns
+
+
+def cell(value: Any) -> str:
+    """A value as table text: floats with 6 significant digits, NaN and Inf spelled out."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        if value == int(value) and abs(value) < 1e15:
+            return str(int(value))
+        return f"{value:.6g}"
+    return str(value)
+
+
+def shorten(text: str, width: int) -> str:
+    """``text`` cut in the middle to ``width`` characters (names differ at both ends)."""
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return text[:width]
+    keep = width - 1
+    return text[: keep - keep // 2] + "…" + text[len(text) - keep // 2:]
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], width: int | None = None,
+                 flexible: int = 0, min_flexible: int = 16, keep_flexible: int = 36) -> list[str]:
+    """Lines of a table no wider than ``width`` (default: :func:`terminal_width`). Column
+    ``flexible`` (names) is shortened to ``keep_flexible`` characters first, then columns are
+    dropped from the right (the last line says which), then names are shortened further down
+    to ``min_flexible``."""
+    width = width if width is not None else terminal_width()
+    if width is None:
+        width = 1 << 30
+    texts = [[cell(v) for v in row] for row in rows]
+    numeric = [all(isinstance(row[i], (int, float)) or row[i] is None for row in rows) if rows else False
+               for i in range(len(headers))]
+    widths = [max([len(h)] + [len(r[i]) for r in texts]) for i, h in enumerate(headers)]
+    columns = list(range(len(headers)))
+    dropped: list[str] = []
+
+    def total() -> int:
+        return sum(widths[i] for i in columns) + 2 * (len(columns) - 1)
+
+    def shrink(floor: int) -> None:
+        if total() > width and flexible in columns:
+            widths[flexible] = max(floor, len(headers[flexible]), widths[flexible] - (total() - width))
+
+    shrink(min(keep_flexible, widths[flexible]) if flexible in columns else 0)
+    while total() > width and len(columns) > 2:
+        dropped.insert(0, headers[columns.pop()])
+    shrink(min_flexible)
+    lines = []
+    for row in [list(headers), *texts]:
+        parts = []
+        for i in columns:
+            text = shorten(row[i], widths[i])
+            parts.append(text.rjust(widths[i]) if numeric[i] else text.ljust(widths[i]))
+        lines.append("  ".join(parts).rstrip())
+    if dropped:
+        note = (f"({len(dropped)} more column{'s' if len(dropped) > 1 else ''} not shown: {', '.join(dropped)}; "
+                "pick some with --stat, or widen the terminal)")
+        lines.extend(textwrap.wrap(note, width=max(width, 20)))
+    return lines

@@ -1,0 +1,33 @@
+"""Pages to look at a stored run: the HTML report (``tl.report``) and the module explorer
+(``tl.explore``), each one self-contained file that needs no server and no network.
+
+>>> tl.report("tensorlens_runs/my-run", path="report.html")       # doctest: +SKIP
+>>> tl.explore("tensorlens_runs/my-run", path="explorer.html")    # doctest: +SKIP
+
+Layout: :mod:`.data` reads a run in one pass; :mod:`.sections` makes the report's sections
+(register your own with :func:`register_section`); :mod:`.blocks` holds the page's building
+blocks and Vega-Lite specs; :mod:`.page` inlines everything into one HTML file; :mod:`.explorer`
+builds the module tree.
+"""
+
+from __future__ import annotations
+
+from tensorlens.reports.data import LoadOptions, RunData, load_run
+from tensorlens.reports.explorer import build_explorer, describe_modules, explore
+from tensorlens.reports.report import Page, build_report, report
+from tensorlens.reports.sections import ReportOptions, register_section, registered_sections
+
+__all__ = [
+    "LoadOptions",
+    "Page",
+    "ReportOptions",
+    "RunData",
+    "build_explorer",
+    "build_report",
+    "describe_modules",
+    "explore",
+    "load_run",
+    "register_section",
+    "registered_sections",
+    "report",
+]

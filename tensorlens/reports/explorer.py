@@ -1,0 +1,269 @@
+"""The module explorer: the model's module tree, each module with its tensors' statistics and
+histograms, in one self-contained HTML file (``tensorlens explore RUN -o explorer.html``).
+
+The tree is laid out by Vega's ``tree`` transform (d3-hierarchy's tidy tree, inside the vendored
+Vega build); the page folds and unfolds it, searches it by name and shows a module's charts when
+it is clicked. No graphviz, no server.
+
+Where the tree comes from: the run's ``modules`` meta entry when the recorder stored one (a JSON
+list of ``{"name", "type", "extra_repr", "parameters": {name: shape}, "call_order"}``, see
+:func:`describe_modules`); otherwise the tensor names themselves: parameters
+(``weights/encoder.0.weight``) belong to the module before their last dot, activations
+(``activations/encoder.0``) to the module they name.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from tensorlens.reports.blocks import histogram_heatmap_spec, line_spec
+from tensorlens.reports.data import LoadOptions, RunData, load_run
+from tensorlens.reports.page import esc, grid, render, rounded, table
+from tensorlens.reports.report import Page
+from tensorlens.stats.views import heatmap_grid
+
+#: Collections whose tensors are a parameter of a module: the module is the name before the last dot.
+PARAMETER_KINDS = ("weights", "biases", "gradients", "updates", "dynamics", "optimizer_state")
+#: Collections whose tensors are a module's output or input: the name is the module (plus a path into the output).
+MODULE_KINDS = ("activations", "inputs", "activation_gradients")
+#: Statistics shown first in a module's table, in this order.
+STAT_ORDER = ("numel", "mean", "std", "min", "max", "l2", "l1", "linf", "abs_max", "nan_count", "inf_count", "zero_fraction")
+
+
+def describe_modules(model: Any, prefix: str = "") -> list[dict[str, Any]]:
+    """The ``modules`` meta entry for ``model`` (an ``nn.Module``): what the explorer shows when a
+    recorder stores it (``json.dumps(describe_modules(model))`` under the meta key ``modules``).
+
+    >>> import torch
+    >>> describe_modules(torch.nn.Sequential(torch.nn.Linear(2, 3)))[1]["extra_repr"]
+    'in_features=2, out_features=3, bias=True'
+    """
+    out = []
+    for name, module in model.named_modules():
+        full = f"{prefix}.{name}" if prefix and name else (prefix or name)
+        try:
+            extra = module.extra_repr()
+        except Exception:  # a user's extra_repr that fails must not stop the recording
+            extra = ""
+        out.append({
+            "name": full,
+            "type": type(module).__name__,
+            "extra_repr": extra,
+            "parameters": {n: list(p.shape) for n, p in module.named_parameters(recurse=False)},
+        })
+    return out
+
+
+def _split(tensor: str, modules: set[str]) -> tuple[str, str, str]:
+    """``(kind, module, local name)`` of a tensor name such as ``gradients/enc.0.weight``."""
+    kind, _, rest = tensor.partition("/")
+    if "/" in rest and rest.split("/", 1)[0] in PARAMETER_KINDS + MODULE_KINDS:  # custom collection: attn/weights/x
+        kind, rest = rest.split("/", 1)
+    if not rest:
+        return kind, "", tensor
+    if kind in MODULE_KINDS:
+        if modules:
+            candidates = [rest] + [rest.rsplit(".", k)[0] for k in range(1, rest.count(".") + 1)]
+            owner = next((c for c in candidates if c in modules), "")
+        else:
+            owner = rest
+        return kind, owner, tensor
+    if kind in PARAMETER_KINDS:
+        owner = rest.rsplit(".", 1)[0] if "." in rest else ""
+        return kind, owner, tensor
+    return kind, "", tensor  # losses, summaries, scalars, optimizer: the run's own
+
+
+def build_tree(data: RunData) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
+    """The nodes ``{id, parent, label, type, extra_repr, parameters, call_order}`` (the root's id
+    is ``""``) and each node's tensors."""
+    described = data.modules() or []
+    known = {m["name"]: m for m in described}
+    nodes: dict[str, dict[str, Any]] = {}
+
+    def add(name: str) -> None:
+        if name in nodes:
+            return
+        if name:
+            parent = name.rsplit(".", 1)[0] if "." in name else ""
+            add(parent)
+        else:
+            parent = None
+        info = known.get(name, {})
+        nodes[name] = {
+            "id": name, "parent": parent, "label": (name.rsplit(".", 1)[-1] if name else data.name),
+            "type": str(info.get("type", "")), "extra_repr": str(info.get("extra_repr", "")),
+            "parameters": {str(k): v for k, v in dict(info.get("parameters") or {}).items()},
+            "call_order": info.get("call_order"),
+        }
+
+    add("")
+    for m in described:
+        add(m["name"])
+    owned: dict[str, list[str]] = {}
+    for tensor in data.tensors:
+        _, owner, _ = _split(tensor, set(known))
+        add(owner)
+        owned.setdefault(owner, []).append(tensor)
+    return list(nodes.values()), owned
+
+
+def _tensor_payload(data: RunData, tensor: str, rows: int) -> dict[str, Any]:
+    latest = data.latest
+    stats: dict[str, float | None] = {}
+    step = None
+    if latest is not None:
+        step = latest.step
+        recorded = list(data.stats.get(tensor, {}))
+        ordered = [s for s in STAT_ORDER if s in recorded] + [s for s in recorded if s not in STAT_ORDER]
+        for stat in ordered:
+            value = latest.scalar(tensor, stat)
+            stats[stat] = None if value is None else rounded([value], 6)[0]
+        plain = latest.scalar(tensor, "")
+        if plain is not None:
+            stats["value"] = rounded([plain], 6)[0]
+    out: dict[str, Any] = {"step": step, "stats": stats, "shape": list(latest.shapes.get(tensor, ())) if latest else []}
+    recorded = data.stats.get(tensor, {})
+    series_stat = next((s for s in ("l2", "std", "mean", "max") if s in recorded), None)
+    if series_stat is not None and data.column_records:
+        values = data.column_matrix([tensor], series_stat)[0]
+        out["series"] = {"stat": series_stat, "data": table(run=[data.name] * len(values), step=data.column_steps,
+                                                            value=values)}
+    elif any(t == tensor for (t, _) in data.plain):
+        steps, values = data.plain.get((tensor, "train"), ([], []))
+        out["series"] = {"stat": "value", "data": table(run=[data.name] * len(values), step=np.asarray(steps),
+                                                        value=np.asarray(values, dtype=np.float64))}
+    columns = [(r.step, r.histogram(tensor)) for r in data.histogram_records]
+    columns = [(s, h) for s, h in columns if h is not None]
+    if columns:
+        grid_edges, image = heatmap_grid([h.counts for _, h in columns], [h.edges for _, h in columns], rows, axis="quantile")
+        out["heatmap"] = grid([s for s, _ in columns], grid_edges, image)
+        last_step, last = columns[-1]
+        if len(last.counts) and np.all(np.isfinite(last.edges)):
+            out["histogram"] = {"step": last_step, "data": table(
+                low=np.asarray(last.edges[:-1], dtype=np.float64), high=np.asarray(last.edges[1:], dtype=np.float64),
+                count=np.asarray(last.counts, dtype=np.int64))}
+    return out
+
+
+def build_explorer(
+    run: Any,
+    load: LoadOptions | None = None,
+    title: str | None = None,
+    progress: Callable[[int], None] | None = None,
+    rows: int = 32,
+) -> Page:
+    """The explorer page of one run (see :func:`explore`)."""
+    data = load_run(run, load or LoadOptions(columns=120, histogram_columns=60), progress)
+    title = title or f"tensorlens explorer: {data.name}"
+    nodes, owned = build_tree(data)
+    tensors = {t: _tensor_payload(data, t, rows) for names in owned.values() for t in names}
+    templates = {
+        "series": line_spec("", "", [data.name]),
+        "heatmap": histogram_heatmap_spec("", "quantile", None, height=160),
+        "histogram": _bar_spec(),
+    }
+    for spec in templates.values():
+        spec["height"] = 160
+    templates["series"]["encoding"]["color"]["legend"] = None
+    payload = {"page": "explorer", "charts": {}, "nodes": nodes, "owned": owned, "tensors": tensors,
+               "templates": templates, "tree_spec": tree_spec(), "described": bool(data.modules())}
+    source = "the recorded module list" if data.modules() else "tensor names (no module list recorded)"
+    steps = f"{len(data.steps)} saved steps" + (f", latest {data.steps[-1]}" if data.steps else "")
+    body = (
+        f'<header class="tl-header"><h1>{esc(title)}</h1><p class="tl-meta">{esc(data.path)} · {esc(steps)} · '
+        f'{len(nodes)} modules from {esc(source)}</p></header>'
+        '<div class="tl-explorer"><div class="tl-tree-pane"><div class="tl-tree-tools">'
+        '<input type="search" class="tl-search" placeholder="search modules" aria-label="search modules">'
+        '<button type="button" data-action="expand">expand all</button>'
+        '<button type="button" data-action="collapse">collapse all</button>'
+        '<span class="tl-filter-count"></span></div>'
+        '<div class="tl-tree" id="tl-tree"></div></div>'
+        '<div class="tl-detail" id="tl-detail"><p class="tl-note">Click a module name to see its statistics '
+        'and histograms; click a circle to fold or unfold it. Hover for shapes and extra_repr.</p></div></div>'
+    )
+    return Page(render("explorer", title, body, payload), title)
+
+
+def _bar_spec() -> dict[str, Any]:
+    return {
+        "$schema": "https://vega.github.io/schema/vega-lite/v6.json",
+        "title": {"text": "", "anchor": "start"},
+        "data": {"name": "values"},
+        "width": "container",
+        "mark": {"type": "rect", "color": "#4c78a8"},
+        "encoding": {
+            "x": {"field": "low", "type": "quantitative", "title": "value", "scale": {"zero": False, "nice": False},
+                  "axis": {"format": ".3~g"}},
+            "x2": {"field": "high"},
+            "y": {"field": "count", "type": "quantitative", "title": "count"},
+            "tooltip": [{"field": "low", "format": ".4~g", "title": "from"}, {"field": "high", "format": ".4~g", "title": "to"},
+                        {"field": "count", "type": "quantitative"}],
+        },
+    }
+
+
+def tree_spec() -> dict[str, Any]:
+    """The Vega spec that lays out and draws the module tree (its ``nodes`` data is set by the page)."""
+    return {
+        "$schema": "https://vega.github.io/schema/vega/v6.json",
+        "width": 600,
+        "height": 400,
+        "padding": {"left": 12, "right": 12, "top": 14, "bottom": 8},
+        "autosize": "none",
+        "signals": [{"name": "labelSpace", "value": 220}, {"name": "innerLimit", "value": 118}],
+        "data": [
+            {"name": "nodes", "values": [], "transform": [
+                {"type": "stratify", "key": "key", "parentKey": "pkey"},
+                {"type": "tree", "method": "tidy", "separation": False,
+                 "size": [{"signal": "height"}, {"signal": "max(10, width - labelSpace)"}],
+                 "as": ["y", "x", "depth", "children"]},
+            ]},
+            {"name": "links", "source": "nodes", "transform": [
+                {"type": "treelinks"}, {"type": "linkpath", "orient": "horizontal", "shape": "diagonal"},
+            ]},
+        ],
+        "marks": [
+            {"type": "path", "from": {"data": "links"},
+             "encode": {"update": {"path": {"field": "path"}, "stroke": {"value": "#c4ccd5"}, "strokeWidth": {"value": 1.2}}}},
+            {"type": "symbol", "name": "circle", "from": {"data": "nodes"},
+             "encode": {"enter": {"size": {"value": 110}, "cursor": {"value": "pointer"}},
+                        "update": {"x": {"field": "x"}, "y": {"field": "y"},
+                                   "fill": {"signal": "datum.folded ? '#8c959f' : (datum.selected ? '#0969da' : '#ffffff')"},
+                                   "stroke": {"signal": "datum.match ? '#d4700b' : '#57606a'"},
+                                   "strokeWidth": {"signal": "datum.match ? 2.5 : 1.2"},
+                                   "tooltip": {"signal": "datum.tooltip"}}}},
+            {"type": "text", "name": "label", "from": {"data": "nodes"},
+             "encode": {"enter": {"fontSize": {"value": 12}, "cursor": {"value": "pointer"}, "baseline": {"value": "middle"}},
+                        "update": {"x": {"field": "x"}, "y": {"field": "y"},
+                                   "dx": {"value": 9}, "dy": {"signal": "datum.children && !datum.folded ? -10 : 0"},
+                                   "align": {"value": "left"},
+                                   "text": {"field": "text"},
+                                   "limit": {"signal": "datum.children && !datum.folded ? innerLimit : labelSpace - 14"},
+                                   "fill": {"signal": "datum.selected ? '#0969da' : (datum.dim ? '#a0a7b0' : '#1f2328')"},
+                                   "fontWeight": {"signal": "datum.match || datum.selected ? 'bold' : 'normal'"},
+                                   "tooltip": {"signal": "datum.tooltip"}}}},
+        ],
+    }
+
+
+def explore(
+    run: Any, path: str | os.PathLike[str] | None = "explorer.html", *, worker: str | None = None,
+    title: str | None = None,
+) -> Page:
+    """Write the module explorer of a run and return it (shown inline in Jupyter); ``path=None``
+    writes nothing.
+
+    >>> page = tl.explore("tensorlens_runs/my-run", "explorer.html")     # doctest: +SKIP
+    """
+    page = build_explorer(run, LoadOptions(columns=120, histogram_columns=60, worker=worker), title=title)
+    if path is not None:
+        page.save(path)
+    return page
+
+
+__all__: Sequence[str] = ("build_explorer", "build_tree", "describe_modules", "explore")

@@ -1,0 +1,83 @@
+"""Fixtures for the report, explorer and CLI tests: one run recorded by a real hook, one written
+with hostile names and NaNs, both small."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from torch import nn
+
+import tensorlens as tl
+from tensorlens.findings import Finding
+from tensorlens.store.writer import RunStoreWriter
+
+try:
+    from .report_runs import HOSTILE, write_run
+except ImportError:
+    from report_runs import HOSTILE, write_run
+
+
+@pytest.fixture(scope="session")
+def real_run(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A small MLP trained 12 steps, every step saved, activations on, two eval passes."""
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("runs") / "mlp"
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    loss_fn = nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = tl.watch(model, loss_fn, save_interval=1, activations=True, backends=["local"], out_dir=out)
+    for step in range(12):
+        x, y = torch.randn(32, 8), torch.randint(0, 4, (32,))
+        loss = loss_fn(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step in (5, 11):
+            model.eval()
+            with torch.no_grad():
+                loss_fn(model(torch.randn(16, 8)), torch.randint(0, 4, (16,)))
+            model.train()
+    hook.close()
+    return hook.run_dir
+
+
+@pytest.fixture(scope="session")
+def hostile_run(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Module, tensor and run names that are markup, a module list in the meta, NaN at steps 3-4."""
+    path = str(tmp_path_factory.mktemp("runs") / "hostile")
+    module = f"enc.{HOSTILE}"
+    names = [f"weights/{module}.weight", f"gradients/{module}.weight", f"activations/{module}",
+             "weights/enc.fc\"'&.weight", "gradients/enc.fc\"'&.weight"]
+    modules = [
+        {"name": "", "type": "Net", "extra_repr": ""},
+        {"name": "enc", "type": "Encoder", "extra_repr": f"note={HOSTILE}"},
+        {"name": module, "type": "Linear", "extra_repr": "in_features=4, out_features=4, bias=False",
+         "parameters": {"weight": [4, 4]}, "call_order": 1},
+        {"name": "enc.fc\"'&", "type": "Linear", "extra_repr": "in_features=4, out_features=2, bias=False",
+         "parameters": {"weight": [2, 4]}, "call_order": 0},
+    ]
+    write_run(path, 8, names, {"run_name": f"run {HOSTILE}", "modules": json.dumps(modules)}, nan_steps=(3, 4))
+    writer = RunStoreWriter(os.path.join(path, "tensorlens.sqlite"))
+    for step in (3, 4):  # what a NaN rule would have stored
+        writer.write_finding(Finding("NaNTensor", step, "train", f"gradients/{module}.weight", f"3 NaN in {HOSTILE}", 3.0))
+    writer.close()
+    return path
+
+
+@pytest.fixture(scope="session")
+def scales_run(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A small MLP watched with scales=True: per-op scales at every saved step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = tl.watch(model, save_interval=1, scales=True, backends=["local"],
+                    out_dir=tmp_path_factory.mktemp("runs") / "scales")
+    for _ in range(3):
+        model(torch.randn(8, 8)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    hook.close()
+    return hook.run_dir
