@@ -259,10 +259,10 @@ def sample_norms(tensor: torch.Tensor, normalize: bool = False) -> torch.Tensor 
     return norms
 
 
-#: Rows up to this many values are normed in float32 (relative error below ~3e-7); longer ones in
-#: float64, a few rows at a time so the float64 copy stays small.
+#: Rows are normed in float32 in slices of at most this many values (relative error below ~3e-7
+#: each), the slices' norms combined in float64: no float64 copy of an activation or gradient
+#: (which would raise the peak memory of the backward pass).
 FLOAT32_ROW = 16384
-_FLOAT64_CHUNK = 1 << 20
 
 
 def _row_norms(flat: torch.Tensor) -> torch.Tensor:
@@ -271,11 +271,10 @@ def _row_norms(flat: torch.Tensor) -> torch.Tensor:
         return torch.linalg.vector_norm(flat, dim=1)
     if not flat.is_floating_point():
         return torch.linalg.vector_norm(flat.to(torch.float64), dim=1)
-    width = flat.shape[1]
-    if width <= FLOAT32_ROW:
-        return torch.linalg.vector_norm(flat.to(torch.float32), dim=1).to(torch.float64)
-    rows = max(1, _FLOAT64_CHUNK // width)
-    return torch.cat([torch.linalg.vector_norm(flat[i : i + rows].to(torch.float64), dim=1) for i in range(0, flat.shape[0], rows)])
+    if flat.shape[1] <= FLOAT32_ROW:
+        return torch.linalg.vector_norm(flat, dim=1, dtype=torch.float32).to(torch.float64)
+    slices = [torch.linalg.vector_norm(part, dim=1, dtype=torch.float32) for part in flat.split(FLOAT32_ROW, dim=1)]
+    return torch.linalg.vector_norm(torch.stack(slices, dim=1).to(torch.float64), dim=1)
 
 
 # ---------------------------------------------------------------------------- across steps
