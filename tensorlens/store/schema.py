@@ -43,6 +43,8 @@ from tensorlens.store.errors import CorruptRunError
 # 4: a ``crc`` column on every table and row counts in ``steps``, so that damaged or missing rows
 #    are refused instead of read as data.
 SCHEMA_VERSION = "4"
+#: The ``meta`` key holding the run's metadata as JSON (see :mod:`tensorlens.engine.metadata`).
+METADATA_KEY = "metadata"
 FILE_PATTERN = re.compile(r"^tensorlens(-[\w.\-]+)?\.sqlite$")
 
 _SCHEMA = """
