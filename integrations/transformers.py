@@ -59,6 +59,11 @@ from tensorlens.modes import ModeKeys
 from tensorlens.store.runs import DEFAULT_RUNS_DIR, default_run_name, folder_name
 
 transformers = import_optional("transformers", "transformers", "tensorlens.integrations.transformers")
+if not hasattr(transformers.TrainerCallback, "on_pre_optimizer_step"):  # the step boundary it needs
+    raise ImportError(
+        f"tensorlens.integrations.transformers needs a transformers Trainer with the on_pre_optimizer_step "
+        f"callback event, which transformers {transformers.__version__} lacks: pip install -U 'tensorlens[transformers]'"
+    )
 
 __all__ = ["CLIPPED_GRADIENTS", "REPORT_TO", "TensorLensCallback"]
 

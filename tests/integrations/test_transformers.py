@@ -160,6 +160,9 @@ def test_trainer_with_wandb_mlflow_and_tensorboard(tmp_path: Any, trackers: Any)
         assert clipped_norm == pytest.approx(MAX_GRAD_NORM, rel=1e-4)
         unclipped_norm = np.sqrt(sum(run.tensor(f"gradients/{n}").reduction_value(step, "l2") ** 2 for n in names))
         assert unclipped_norm > 1.5 * MAX_GRAD_NORM
+        # the Trainer's own log of that step: its grad_norm is the norm before clipping, at the same global step
+        [logged] = [e["grad_norm"] for e in trainer.state.log_history if e.get("step") == step and "grad_norm" in e]
+        assert unclipped_norm == pytest.approx(float(logged), rel=1e-5)
     assert run.tensor("activations/transformer.h.0.mlp.c_fc").reduction_value(step=3, name="numel", mode="eval") == 4 * SEQ * 128
 
     # W&B: the Trainer's run; our rows carry train/global_step, the x axis of the Trainer's rows
