@@ -49,9 +49,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from tensorlens._runtime import compiling, in_backward
 from tensorlens.backends.base import Backend, active_run_name
 from tensorlens.backends.optional import import_optional
-from tensorlens.capture.modules import ModuleTaps, compiling, in_backward
+from tensorlens.capture.modules import ModuleTaps
 from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig
 from tensorlens.engine.recorder import Recorder
 from tensorlens.integrations._callback_options import BackendSpec, CallbackOptions

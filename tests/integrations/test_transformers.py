@@ -133,6 +133,8 @@ def test_trainer_with_wandb_mlflow_and_tensorboard(tmp_path: Any, trackers: Any)
     except ImportError:
         from wandb_runfile import read_run_dir
 
+    # the run the WandbCallback finds and logs into (started here: WANDB_DIR is read once per process)
+    wandb.init(dir=str(tmp_path), project="tensorlens-hf")
     callback = TensorLensCallback(save_interval=1, activations=True, record_clipped_gradients=True)
     trainer, reference = train(tmp_path, callback, ["wandb", "mlflow", "tensorboard"])
     recorder = callback.recorder
