@@ -135,8 +135,9 @@ class MLflowTarget(SyncTarget):
 
     def start(self, run_name: str, run_id: str | None) -> tuple[Backend, str]:
         mlflow = import_optional("mlflow", "mlflow", "tensorlens sync --to mlflow")
-        from tensorlens.integrations.mlflow import MLflowBackend
+        from tensorlens.integrations.mlflow import MLflowBackend, _probe
 
+        _probe(self.tracking_uri)  # a server that is down: at once, not after MLflow's minutes of retries
         client = self._client = mlflow.MlflowClient(tracking_uri=self.tracking_uri)
         if run_id is not None:
             found = client.get_run(run_id)  # MLflow's own error for a run that is gone

@@ -139,7 +139,10 @@ class _Replay:
             # nothing to send: no tracker run is opened (no empty W&B offline folder)
             self.target.run_id = known.run_id
             return SyncResult(key, known.run_id, False, {}, len(self.stored.step_keys()), 0, False, self.target.describe())
-        backend, run_id = self.target.start(run_name, known.run_id if known is not None else None)
+        try:
+            backend, run_id = self.target.start(run_name, known.run_id if known is not None else None)
+        except Exception as err:  # a server that is down, a run that is gone: one line for the user
+            raise SyncError(f"tensorlens sync could not open the {self.target.name} run ({type(err).__name__}: {err})") from err
         self.target.run_id = run_id
         target_state = TargetState(key, run_id, known.findings_sent if known is not None else 0, self.target.info)
         self.state.save_target(target_state)  # the tracker run exists now: a crash from here continues it

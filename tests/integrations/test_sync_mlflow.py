@@ -122,6 +122,14 @@ def test_mlflow_sync_equals_the_live_run_and_sends_each_point_once(mlflow_server
         assert len({(s, t) for s, _, t in points}) == len(points), key  # no point twice
     gradient = "tensorlens/gradients/0.weight/l2"
     assert [s for s, _, _ in after[gradient]] == [r.step for r in every if r.mode == tl.ModeKeys.TRAIN]
+    # the histogram files continue the first session's: one file per 10 records of a mode, each record once
+    files = histogram_files(client, synced, tmp_path / "c")
+    for mode in ("train", "eval"):
+        stored_steps = [r.mode_step for r in every if str(r.mode) == mode and r.histograms]
+        in_files = [(path, entry["mode_step"]) for path, doc in sorted(files.items()) if f"/{mode}/" in path
+                    for entry in doc["records"]]
+        assert [ms for _, ms in in_files] == stored_steps
+        assert len({path for path, _ in in_files}) == (len(stored_steps) + 9) // 10
     assert sync_run(run_dir, "mlflow", tracking_uri=mlflow_server, experiment="sync-tests", progress=False).records_sent == 0
 
 
@@ -134,3 +142,20 @@ def test_mlflow_sync_into_a_local_store(tmp_path: Path) -> None:
     assert client.get_run(result.run_id).data.metrics.keys() >= {"tensorlens/gradients/0.weight/l2"}
     assert os.path.isdir(tmp_path / "artifacts" / result.run_id / "artifacts" / "tensorlens" / "histograms")
     assert result.lines == [f"MLflow run {result.run_id} in experiment 'local' at {uri}"]
+
+
+def test_an_unreachable_server_is_one_clear_error(tmp_path: Path) -> None:
+    import socket
+
+    from tensorlens.sync import SyncError
+
+    run_dir = train(str(tmp_path / "run"), ["local"], steps=1)
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(SyncError, match="could not open the mlflow run .*unreachable"):
+        sync_run(run_dir, "mlflow", tracking_uri=f"http://127.0.0.1:{port}", progress=False)
+    from tensorlens.sync.state import SyncState
+
+    with SyncState(os.path.join(run_dir, "tensorlens.sqlite")) as state:  # no tracker run was made: none recorded
+        assert state.targets() == []
