@@ -284,30 +284,34 @@ def test_every_worker_file_is_replayed(tmp_path: Any) -> None:
 
 
 class FailingTensorBoard(TensorBoardBackend):
-    """A real TensorBoard backend whose disk 'fills up' after ``fail_after`` records."""
+    """A real TensorBoard backend whose disk 'fills up' (or whose user presses Ctrl-C) after
+    ``fail_after`` records."""
 
-    def __init__(self, fail_after: int, **kwargs: Any) -> None:
+    def __init__(self, fail_after: int, error: BaseException, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.fail_after = fail_after
+        self.error = error
 
     def write(self, record: Any) -> None:
         if self.fail_after == 0:
-            raise OSError("No space left on device")
+            raise self.error
         self.fail_after -= 1
         super().write(record)
 
 
-def test_a_sync_that_fails_midway_continues_without_resending(tmp_path: Any) -> None:
+@pytest.mark.parametrize("error", [OSError("No space left on device"), KeyboardInterrupt()], ids=["error", "ctrl-c"])
+def test_a_sync_that_stops_midway_continues_without_resending(tmp_path: Any, error: BaseException) -> None:
     from tensorlens.integrations.sync_targets import TensorBoardTarget
 
     class Flaky(TensorBoardTarget):
         def start(self, run_name: str, run_id: str | None) -> tuple[Any, str]:
             backend, run_id = super().start(run_name, run_id)
-            return FailingTensorBoard(7, log_dir=backend.log_dir), run_id
+            return FailingTensorBoard(7, error, log_dir=backend.log_dir), run_id
 
     run_dir = train(str(tmp_path / "run"), ["local"], steps=10)
     tables = _table_sql(run_dir)
-    with pytest.raises(SyncError, match="stopped after 7 new records.*No space left"):
+    expected = (SyncError, "stopped after 7 new records.*No space left") if isinstance(error, OSError) else (KeyboardInterrupt, "")
+    with pytest.raises(expected[0], match=expected[1]):
         sync_run(run_dir, Flaky(logdir=str(tmp_path / "tb")), progress=False, checkpoint_every=3)
     rest = sync_run(run_dir, "tensorboard", logdir=str(tmp_path / "tb"), progress=False)
     with tl.open_run(run_dir) as stored:
