@@ -94,6 +94,9 @@ def register_sync_target(name: str, target: type[SyncTarget]) -> None:
 def create_target(to: str | SyncTarget, **options: Any) -> SyncTarget:
     """The target named ``to`` built with ``options`` (those it does not take must be ``None``)."""
     if isinstance(to, SyncTarget):
+        given = sorted(k for k, v in options.items() if v is not None)
+        if given:  # they would be ignored: the target was built with its own
+            raise expected(given[0], "None when `to` is a SyncTarget (give it to the target)", options[given[0]])
         return to
     if not isinstance(to, str) or to not in _TARGETS:
         raise expected("to", f"one of {sync_target_names()} or a SyncTarget", to)

@@ -103,19 +103,26 @@ def assert_statistics(run: tl.Run, step: int, tensor: str, reference: np.ndarray
 
 @pytest.fixture
 def trackers(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """W&B offline and MLflow on SQLite, both in tmp_path (and the working directory there: the
-    MLflowCallback's experiment keeps its artifacts in ./mlruns)."""
+    """W&B offline and MLflow on SQLite, everything in tmp_path (the working directory too)."""
     wandb = pytest.importorskip("wandb")
-    pytest.importorskip("mlflow")
+    mlflow = pytest.importorskip("mlflow")
     pytest.importorskip("tensorboard")
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_PROJECT", "tensorlens-hf")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "tensorlens-hf")
     monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    # the MLflowCallback keeps a tracking URI set earlier in the process: set ours, restore it after;
+    # the experiment exists already, with its artifacts here (the default is ./mlruns)
+    previous = tracking_utils._tracking_uri
+    mlflow.set_tracking_uri(uri)
+    mlflow.MlflowClient(uri).create_experiment("tensorlens-hf", artifact_location=(tmp_path / "artifacts").as_uri())
     yield
+    mlflow.set_tracking_uri(previous)
     if wandb.run is not None:
         wandb.finish()
 
@@ -186,6 +193,7 @@ def test_trainer_with_wandb_mlflow_and_tensorboard(tmp_path: Any, trackers: Any)
     history = client.get_metric_history(mlflow_run.info.run_id, key)
     assert [(m.step, m.value) for m in history] == sorted(run.tensor(key[len("tensorlens/"):-3]).reduction_values("l2").items())
     assert [m.step for m in client.get_metric_history(mlflow_run.info.run_id, "loss")] == [1, 2, 3, 4]
+    assert list((tmp_path / "artifacts").glob("*/artifacts/tensorlens/histograms/train/histograms-*.json"))
     params = mlflow_run.data.params
     assert params["tensorlens.model.class"] == "GPT2LMHeadModel" and "learning_rate" in params  # ours next to the Trainer's
 
@@ -238,6 +246,18 @@ def test_options_are_checked_when_the_callback_is_made() -> None:
     with pytest.raises(ValueError, match="Expected `histograms`"):
         TensorLensCallback(histograms=64)
     assert TensorLensCallback(activations=True).options.collections[-1] == "activations"
+
+
+def test_deepspeed_and_fsdp1_fail_with_the_reason() -> None:
+    from types import SimpleNamespace
+
+    from tensorlens.integrations.transformers import _check_supported
+
+    with pytest.raises(RuntimeError, match="does not support DeepSpeed"):
+        _check_supported(SimpleNamespace(deepspeed="ds_config.json"))
+    with pytest.raises(RuntimeError, match="does not support FSDP version 1"):
+        _check_supported(SimpleNamespace(deepspeed=None, fsdp="full_shard", fsdp_config={"version": 1}))
+    _check_supported(SimpleNamespace(deepspeed=None, fsdp="full_shard", fsdp_config={"version": 2}))
 
 
 # ---------------------------------------------------------------------------------------- DDP
