@@ -36,9 +36,9 @@ from tensorlens.integrations.tensorboard import TensorBoardBackend  # noqa: E402
 from tensorlens.integrations.wandb import WandbBackend  # noqa: E402
 
 try:  # tests/integrations may or may not be a package
-    from .wandb_runfile import RunFile, read_run_dir, read_run_file, run_file_path
+    from .wandb_runfile import RunFile, read_run_dir, run_file_path
 except ImportError:
-    from wandb_runfile import RunFile, read_run_dir, read_run_file, run_file_path
+    from wandb_runfile import RunFile, read_run_dir, run_file_path
 
 SAVE_INTERVAL = 2
 
@@ -193,7 +193,7 @@ def test_wandb_sync_again_sends_only_new_steps_and_charts_continue(tmp_path: Any
     assert second.lines[-1].split()[:6] == ["wandb", "sync", "--id", first.run_id, "-p", "p"]
     folders = second.lines[-1].split()[-2:]
     assert len(os.listdir(tmp_path / "wb" / "wandb")) == 2 + 3  # the folders, latest-run, debug logs
-    files = [read_run_file(run_file_path(folder)) for folder in folders]
+    files = [read_run_dir(folder) for folder in folders]  # waits for the service to finish each file
     points = [wandb_points(f) for f in files]
     assert not points[0].keys() & points[1].keys()  # never a point twice
     with tl.open_run(run_dir) as stored:
