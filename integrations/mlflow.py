@@ -356,10 +356,14 @@ class MLflowBackend(Backend):
                 tags=tags[start : start + MAX_PARAMS_PER_BATCH],
             )
 
-    def restore(self, record: StepRecord) -> None:
+    def restore(self, record: StepRecord | Finding) -> None:
         """A record the MLflow run holds already (a sync continuing it): its timestamp, histogram
         file and heatmap columns are taken again, so what is sent from now on continues exactly
-        where the earlier session stopped (metric keys depend on the series alone)."""
+        where the earlier session stopped (metric keys depend on the series alone). A finding:
+        counted, so the rule's count goes on."""
+        if isinstance(record, Finding):
+            self._finding_counts[record.rule] = self._finding_counts.get(record.rule, 0) + 1
+            return
         self._last_timestamp = max(int(record.wall_time * 1000), self._last_timestamp + 1)
         if self.histogram_every and record.histograms:
             chunk = self._chunk(record.mode)

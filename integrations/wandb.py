@@ -225,9 +225,14 @@ class WandbBackend(Backend):
         self._check_active("the run metadata is not logged")
         self._run.config.update({self.prefix: dict(metadata)}, allow_val_change=True)
 
-    def restore(self, record: StepRecord) -> None:
+    def restore(self, record: StepRecord | Finding) -> None:
         """A record the W&B run holds already (a sync continuing it): its custom-chart snapshots
-        are taken again, so the charts logged from now on cover the whole run."""
+        are taken again, so the charts logged from now on cover the whole run. A finding: counted,
+        and its tensor's alert counts as sent."""
+        if isinstance(record, Finding):
+            self._alerted.add((record.rule, record.tensor))
+            self._finding_counts[record.rule] = self._finding_counts.get(record.rule, 0) + 1
+            return
         if record.mode == ModeKeys.TRAIN:
             self._take_snapshots(record)
         self._unlogged = False  # the earlier session logged its tables

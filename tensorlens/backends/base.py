@@ -96,10 +96,11 @@ class Backend:
     def bind_findings(self, sink: Callable[[Finding], None]) -> None:  # noqa: B027 - optional hook
         """Called once by the dispatcher: where a backend that ``produces_findings`` sends them."""
 
-    def restore(self, record: StepRecord) -> None:  # noqa: B027 - optional hook
-        """A record that this backend's destination holds already (``tensorlens sync`` continuing
-        a tracker run): rebuild what is derived across records (custom charts, heatmaps,
-        histogram files) as if it had been written, without sending it. Default: nothing."""
+    def restore(self, item: StepRecord | Finding) -> None:  # noqa: B027 - optional hook
+        """A record or rule finding that this backend's destination holds already (``tensorlens
+        sync`` continuing a tracker run): rebuild what is derived across them (custom charts,
+        heatmaps, histogram files, finding counts) as if it had been written, without sending
+        it. Default: nothing."""
 
     def flush(self) -> None:  # noqa: B027
         """Make everything written so far durable or visible."""

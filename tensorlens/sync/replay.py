@@ -1,7 +1,7 @@
 """Replaying a stored run into a tracker: ``tensorlens sync RUN --to wandb|mlflow|tensorboard``.
 
 Every stored record (all modes, all workers: a run folder may hold a file per worker; scalars,
-histograms, what the custom charts are built from), the rule findings where the store has them,
+histograms, what the custom charts are built from), the rule findings,
 and the run metadata go through the backend a live run uses, in the backend's own order:
 ``open``, ``write_metadata``, ``write`` for each record (``Run.records()`` order), ``flush``,
 ``close``. So the synced tracker run holds what a live run of the same steps would hold.
@@ -32,6 +32,7 @@ from typing import Any
 
 from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, RunInfo
+from tensorlens.findings import Finding
 from tensorlens.store.reader import Run, open_run
 from tensorlens.store.schema import store_files
 from tensorlens.sync.state import Progress, SyncState, TargetState
@@ -180,8 +181,7 @@ class _Replay:
         done = self.state.progress(known.target)
         if any(k.mode_step > done.get((str(k.mode), k.worker), (-1, -1))[0] for k in self.stored.step_keys()):
             return True
-        read = getattr(self.stored, "findings", None)
-        return read is not None and len(read()) > known.findings_sent
+        return len(self.stored.findings()) > known.findings_sent
 
     def _replay(self, session: _Session) -> None:
         keys = self.stored.step_keys()
@@ -191,7 +191,11 @@ class _Replay:
         # a backend without restore() needs no record it has already: start at the first step to send
         needs_old = type(session.backend).restore is not Backend.restore
         start = None if needs_old or not pending else min(pending)
-        findings = self._findings(session)
+        findings = list(self.stored.findings())  # in the order they were found: those sent already first
+        if needs_old:  # what the tracker run holds already counts in what it builds (rule counts, alerts)
+            for finding in findings[: session.target_state.findings_sent]:
+                session.backend.restore(finding)
+        findings = findings[session.target_state.findings_sent:]
         with _progress_bar(len(pending) if self.show_progress else None) as advance:
             for record in self.stored.records(start_step=start):
                 last = done.get((str(record.mode), record.worker))
@@ -208,14 +212,6 @@ class _Replay:
             while findings:
                 session.write_finding(findings.pop(0))
         session.checkpoint()
-
-    def _findings(self, session: _Session) -> list[Any]:
-        """Rule findings not sent yet, where the store keeps them (``Run.findings``) and the
-        backend takes them (``Backend.write_finding``)."""
-        read = getattr(self.stored, "findings", None)
-        if read is None or not callable(getattr(session.backend, "write_finding", None)):
-            return []
-        return list(read())[session.target_state.findings_sent:]
 
 
 class _Session:
@@ -245,8 +241,8 @@ class _Session:
         self.sent[where] += 1
         self.since_checkpoint += 1
 
-    def write_finding(self, finding: Any) -> None:
-        self.backend.write_finding(finding)  # type: ignore[attr-defined]
+    def write_finding(self, finding: Finding) -> None:
+        self.backend.write_finding(finding)
         self.target_state.findings_sent += 1
         self.findings_sent += 1
         self.since_checkpoint += 1

@@ -19,6 +19,7 @@ from torch import nn
 
 import tensorlens as tl
 from tensorlens.engine.metadata import flatten
+from tensorlens.store.schema import SCHEMA_VERSION
 from tensorlens.sync import SyncError, sync_run
 from tensorlens.sync.state import SyncState
 
@@ -318,12 +319,13 @@ def test_a_sync_that_stops_midway_continues_without_resending(tmp_path: Any, err
         assert rest.already_sent == 7 and rest.records_sent == len(stored.step_keys()) - 7
     scalars, histograms, _ = tb_events(the_one_folder(str(tmp_path / "tb")))
     assert all(len(v) == 1 for v in scalars.values()) and all(len(v) == 1 for v in histograms.values())
-    # the store: two new tables; the tables it had are untouched, and it still reads as schema 3
+    # the store: two new tables; the tables it had are untouched, and the reader's checks still pass
     after = _table_sql(run_dir)
     assert {k: v for k, v in after.items() if k in tables} == tables
     assert sorted(set(after) - set(tables)) == ["sync_progress", "sync_targets"]
     with tl.open_run(run_dir) as stored:
-        assert stored.meta["schema_version"] == "3" and len(list(stored.records())) == rest.already_sent + rest.records_sent
+        assert stored.meta["schema_version"] == SCHEMA_VERSION
+        assert len(list(stored.records())) == rest.already_sent + rest.records_sent
 
 
 def _table_sql(run_dir: str) -> dict[str, str]:
@@ -397,3 +399,89 @@ def test_two_runs_of_one_model_have_one_metadata_key_set(tmp_path: Any) -> None:
     assert ma.keys() == mb.keys()
     assert ma["model.dtype"] == "float32" and mb["model.dtype"] == "float64"
     assert mb["config.save.train.end_step"] == 100 and ma["config.save.train.end_step"] is None
+
+
+# ---------------------------------------------------------------------------------------- rule findings
+
+
+def train_dead_relu(out_dir: str, backends: list[Any], steps: int, resume: str = "never") -> list[Any]:
+    """A net whose ReLUs are all dead: VanishingGradient fires on three tensors every saved step."""
+    from tensorlens import rules as R
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    with torch.no_grad():
+        model[0].bias.fill_(-100.0)
+    runner = R.RuleRunner([R.VanishingGradient()])
+    hook = tl.Hook(out_dir=out_dir, save_config=tl.SaveConfig(save_interval=1), backends=[*backends, runner],
+                   include_collections=["weights", "biases", "gradients"], resume=resume)
+    hook.register_module(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    for _ in range(steps):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    hook.close()
+    return runner.findings()
+
+
+def tb_texts(log_dir: str) -> list[tuple[str, int, str]]:
+    events = EventAccumulator(str(log_dir), size_guidance={TENSORS: 0})
+    events.Reload()
+    return sorted(
+        (tag, e.step, e.tensor_proto.string_val[0].decode())
+        for tag in events.Tags()["tensors"] if "/rules/" in tag for e in events.Tensors(tag)
+    )
+
+
+@pytest.mark.filterwarnings("ignore::tensorlens.rules.RuleWarning")
+def test_rule_findings_are_replayed_like_live_and_sent_once(tmp_path: Any) -> None:
+    live = wandb.init(dir=str(tmp_path / "live"), project="sync-tests")
+    found = train_dead_relu(str(tmp_path / "run"), [WandbBackend(run=live), TensorBoardBackend(log_dir=str(tmp_path / "live-tb"))], 4)
+    wandb.finish()
+    assert len(found) == 12
+    run_dir = str(tmp_path / "run")
+    with tl.open_run(run_dir) as stored:
+        assert [str(f) for f in stored.findings()] == [str(f) for f in found]
+
+    to_wandb = {"project": "sync-tests", "offline": True, "wandb_dir": str(tmp_path / "wb"), "progress": False}
+    first = sync_run(run_dir, "wandb", **to_wandb)
+    tb = sync_run(run_dir, "tensorboard", logdir=str(tmp_path / "tb"), progress=False)
+    assert first.findings_sent == tb.findings_sent == 12
+    # TensorBoard: the same text entries as live; W&B: the same alerts (once per tensor) and summary
+    assert tb_texts(the_one_folder(str(tmp_path / "tb"))) == tb_texts(str(tmp_path / "live-tb"))
+    live_file = read_run_dir(str(tmp_path / "live"))
+    synced_file = read_run_dir(first.lines[-1].split()[-1])
+    assert sorted(a["text"] for a in synced_file.alerts) == sorted(a["text"] for a in live_file.alerts)
+    assert len(synced_file.alerts) == 3
+    rules = {k: v for k, v in synced_file.summary.items() if "/rules/" in k}
+    assert rules == {k: v for k, v in live_file.summary.items() if "/rules/" in k}
+    assert rules["tensorlens/rules/VanishingGradient/count"] == 12
+
+    # two more steps, six more findings: only they are sent, and the counts go on
+    more = train_dead_relu(run_dir, ["local"], 2, resume="allow")
+    assert len(more) == 6
+    again = sync_run(run_dir, "wandb", **to_wandb)
+    tb_again = sync_run(run_dir, "tensorboard", logdir=str(tmp_path / "tb"), progress=False)
+    assert again.findings_sent == tb_again.findings_sent == 6
+    second_file = read_run_dir(again.lines[-1].split()[-1])
+    assert second_file.alerts == []  # those tensors were alerted on already
+    assert second_file.summary["tensorlens/rules/VanishingGradient/count"] == 18
+    texts = tb_texts(the_one_folder(str(tmp_path / "tb")))
+    assert len(texts) == len(set(texts)) == 18
+    assert sync_run(run_dir, "tensorboard", logdir=str(tmp_path / "tb"), progress=False).findings_sent == 0
+
+
+def test_a_damaged_sync_state_is_an_error_not_a_resend(tmp_path: Any) -> None:
+    run_dir = train(str(tmp_path / "run"), ["local"], steps=3)
+    first = sync_run(run_dir, "tensorboard", logdir=str(tmp_path / "tb"), progress=False)
+    db = sqlite3.connect(os.path.join(run_dir, "tensorlens.sqlite"))
+    with db:  # a bit flipped on disk: the progress says less was sent than was
+        db.execute("UPDATE sync_progress SET mode_step = mode_step - 2 WHERE mode = 'train'")
+    db.close()
+    with pytest.raises(tl.CorruptRunError, match="sync_progress.*--new-run"):
+        sync_run(run_dir, "tensorboard", logdir=str(tmp_path / "tb"), progress=False)
+    # --new-run starts that destination over, in a new folder
+    fresh = sync_run(run_dir, "tensorboard", logdir=str(tmp_path / "tb"), progress=False, new_run=True)
+    assert fresh.new_run and fresh.records_sent == first.records_sent and fresh.run_id == first.run_id + "-2"
