@@ -15,9 +15,8 @@ marked as sent), and stop at the first error so the next sync continues from the
 Idempotent and resumable: what reached the tracker is recorded in the run store
 (:mod:`tensorlens.sync.state`) at checkpoints (every ``checkpoint_every`` records: the backend
 is flushed, then the progress committed), at the end, and when the sync stops on an error or
-Ctrl-C. A second sync sends only the records after the last ones marked; a crash between a
-checkpoint's flush and its commit (a ``kill -9``) can send the records since the previous
-checkpoint again. Records already sent are given to :meth:`Backend.restore` instead, so charts
+Ctrl-C. A second sync sends only the records after the last ones marked; only a hard kill
+(``kill -9``) leaves the records written since the last checkpoint unmarked, to be sent again. Records already sent are given to :meth:`Backend.restore` instead, so charts
 built across steps continue where the earlier session stopped.
 """
 
