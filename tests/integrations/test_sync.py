@@ -485,3 +485,17 @@ def test_a_damaged_sync_state_is_an_error_not_a_resend(tmp_path: Any) -> None:
     # --new-run starts that destination over, in a new folder
     fresh = sync_run(run_dir, "tensorboard", logdir=str(tmp_path / "tb"), progress=False, new_run=True)
     assert fresh.new_run and fresh.records_sent == first.records_sent and fresh.run_id == first.run_id + "-2"
+
+
+def test_sync_benchmark_runs(tmp_path: Any) -> None:
+    """``benchmarks/sync.py`` in its quickest form (no time is asserted)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks", "sync.py")
+    spec = importlib.util.spec_from_file_location("tensorlens_benchmark_sync", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result = module.run_benchmark(steps=3, layers=1, targets=["tensorboard"])
+    assert result["records"] == 3 and result["histograms_per_record"] == 4
+    row = result["targets"]["tensorboard"]
+    assert row["records"] == 3 and row["again_records"] == 0 and row["records_per_s"] > 0
