@@ -1,18 +1,18 @@
 """``tensorlens sync RUN --to wandb|mlflow|tensorboard``: replay a stored run into a tracker.
 
-Again later: only the steps recorded since are sent (what was sent is kept in the run store).
-W&B offline (``WANDB_MODE=offline`` or ``--offline``) writes an offline run folder; the command
-prints the ``wandb sync`` line that uploads it.
-
-The click form of the subcommand (for the click CLI: add ``"sync": "tensorlens.cli.sync"`` to its
-command table); ``tensorlens.cli``'s argparse parser has the same options.
+Again later: only the steps recorded since are sent (what was sent is kept in the run store; see
+:mod:`tensorlens.sync`). W&B offline (``WANDB_MODE=offline`` or ``--offline``) writes an offline
+run folder, and the command prints the ``wandb sync`` line that uploads it.
 """
 
 from __future__ import annotations
 
+import os
+
 import click
 
-from tensorlens.sync.command import SyncFailed, run_sync
+from tensorlens.cli.group import echo_lines
+from tensorlens.sync import SyncResult, sync_run
 
 
 @click.command("sync")
@@ -29,14 +29,33 @@ from tensorlens.sync.command import SyncFailed, run_sync
 @click.option("--new-run", is_flag=True, help="forget an earlier sync to this destination and start a new tracker run")
 @click.option("--progress/--no-progress", default=True, help="a progress bar on a terminal")
 def command(run: str, to: str, project: str | None, entity: str | None, offline: bool | None, wandb_dir: str | None,
-            tracking_uri: str | None, experiment: str | None, artifact_location: str | None, logdir: str | None, new_run: bool, progress: bool) -> None:
+            tracking_uri: str | None, experiment: str | None, artifact_location: str | None, logdir: str | None,
+            new_run: bool, progress: bool) -> None:
     """Replay the stored run RUN into W&B, MLflow or TensorBoard; again later, only new steps."""
-    try:
-        lines = run_sync(
-            run, to, project=project, entity=entity, offline=offline or None, wandb_dir=wandb_dir,
-            tracking_uri=tracking_uri, experiment=experiment, artifact_location=artifact_location, logdir=logdir, new_run=new_run, progress=progress,
-        )
-    except SyncFailed as err:
-        raise click.ClickException(str(err)) from None
-    for line in lines:
-        click.echo(line)
+    # errors (a folder with no run, an option the target does not take, a tracker missing or
+    # unreachable, a sync that stopped midway: SyncError) become one "Error: ..." line in the group
+    result = sync_run(
+        run, to, project=project, entity=entity, offline=offline or None, wandb_dir=wandb_dir,
+        tracking_uri=tracking_uri, experiment=experiment, artifact_location=artifact_location, logdir=logdir,
+        new_run=new_run, progress=progress,
+    )
+    echo_lines(describe(run, result))
+
+
+def describe(run: str, result: SyncResult) -> list[str]:
+    """What went where, and what to do next (``wandb sync ...`` for an offline W&B run).
+
+    >>> describe("runs/exp1", result)[0]   # doctest: +SKIP
+    'tensorlens sync: 40 new records of runs/exp1 sent to tensorboard:/abs/tb (created run exp1); 0 were there already'
+    """
+    what = f"{result.records_sent} new record{'s' if result.records_sent != 1 else ''}"
+    if result.findings_sent:
+        what += f" and {result.findings_sent} rule finding{'s' if result.findings_sent != 1 else ''}"
+    verb = "created" if result.new_run else "continued"
+    lines = [
+        f"tensorlens sync: {what} of {os.path.normpath(run)} sent to {result.target} "
+        f"({verb} run {result.run_id}); {result.already_sent} were there already"
+    ]
+    if result.sent:
+        lines.append("  " + ", ".join(f"{mode}/{worker}: {n}" for (mode, worker), n in sorted(result.sent.items())))
+    return lines + result.lines

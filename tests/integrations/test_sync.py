@@ -355,6 +355,7 @@ def test_bad_options_fail_before_anything_is_sent(tmp_path: Any) -> None:
 
 
 def test_command_line(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("click")
     from tensorlens.cli import main
 
     run_dir = train(str(tmp_path / "run"), ["local"], steps=3)
@@ -365,20 +366,23 @@ def test_command_line(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None
     assert f"tensorboard --logdir {tmp_path / 'tb'}" in out
     assert main(["sync", run_dir, "--to", "tensorboard", "--logdir", str(tmp_path / "tb")]) == 0
     assert "0 new records" in capsys.readouterr().out
-    assert main(["sync", str(tmp_path / "missing"), "--to", "tensorboard", "--logdir", "tb"]) == 1
-    assert "Error: no tensorlens run" in capsys.readouterr().err
-
-    click = pytest.importorskip("click.testing")
-    from tensorlens.cli.sync import command
-
-    result = click.CliRunner().invoke(command, [run_dir, "--to", "tensorboard", "--logdir", str(tmp_path / "tb"), "--new-run"])
-    assert result.exit_code == 0, result.output
-    assert "3 new records" in result.output and "created run" in result.output
+    assert main(["sync", run_dir, "--to", "tensorboard", "--logdir", str(tmp_path / "tb"), "--new-run"]) == 0
+    assert "3 new records" in capsys.readouterr().out
     with tl.open_run(run_dir) as stored:
         name = stored.meta["run_name"]
     assert sorted(os.listdir(tmp_path / "tb")) == [name, name + "-2"]  # a new run never shares a folder
-    result = click.CliRunner().invoke(command, [run_dir, "--to", "wandb", "--logdir", "x"])
-    assert result.exit_code == 1 and "Expected `logdir` to be None with --to wandb" in result.output
+    # errors: one line each, exit code 1 (2 for a usage error), no traceback
+    assert main(["sync", run_dir, "--to", "wandb", "--logdir", "x"]) == 1
+    err = capsys.readouterr().err
+    assert "Error: Expected `logdir` to be None with --to wandb" in err and "Traceback" not in err
+    (tmp_path / "empty").mkdir()
+    assert main(["sync", str(tmp_path / "empty"), "--to", "tensorboard", "--logdir", "tb"]) == 1
+    assert "Error: no tensorlens run" in capsys.readouterr().err
+    assert main(["sync", str(tmp_path / "missing"), "--to", "tensorboard", "--logdir", "tb"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["sync", run_dir, "--to", "neptune"]) == 2
+    assert main(["sync", "--help"]) == 0
+    assert "--tracking-uri" in capsys.readouterr().out
 
 
 def test_two_runs_of_one_model_have_one_metadata_key_set(tmp_path: Any) -> None:
