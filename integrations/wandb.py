@@ -48,7 +48,7 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -218,6 +218,27 @@ class WandbBackend(Backend):
                     "for panels that work after `wandb sync`",
                     stacklevel=2,
                 )
+
+    def write_metadata(self, metadata: Mapping[str, Any]) -> None:
+        """The run's metadata as W&B config under ``<prefix>`` (``tensorlens.model.parameters``, ...),
+        so runs can be grouped and compared by it. ``allow_val_change``: a resumed run may update it."""
+        if self._disabled:
+            return
+        self._check_active("the run metadata is not logged")
+        self._run.config.update({self.prefix: dict(metadata)}, allow_val_change=True)
+
+    def restore(self, record: StepRecord | Finding) -> None:
+        """A record the W&B run holds already (a sync continuing it): its custom-chart snapshots
+        are taken again, so the charts logged from now on cover the whole run. A finding: counted,
+        and its tensor's alert counts as sent."""
+        if isinstance(record, Finding):
+            self._alerted.add((record.rule, record.tensor))
+            self._finding_counts[record.rule] = self._finding_counts.get(record.rule, 0) + 1
+            return
+        if record.mode == ModeKeys.TRAIN:
+            self._take_snapshots(record)
+        self._unlogged = False  # the earlier session logged its tables
+        self._last_step = record.step
 
     def write(self, record: StepRecord) -> None:
         if self._disabled:

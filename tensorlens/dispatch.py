@@ -175,6 +175,8 @@ class _Channel:
             if not self._opened:
                 self._opened = True
                 self._open_failed = not self._call(lambda: self.backend.open(self._run), "open()")
+                if not self._open_failed and self._run.metadata:  # once, before the first record
+                    self._call(lambda: self.backend.write_metadata(dict(self._run.metadata)), "write_metadata()")
             if isinstance(item, Finding):
                 if not self._open_failed:
                     self._call(lambda item=item: self.backend.write_finding(item), "write_finding()")

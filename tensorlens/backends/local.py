@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from tensorlens.backends.base import Backend, RunInfo
 from tensorlens.findings import Finding
 from tensorlens.records import StepRecord
-from tensorlens.store.schema import store_filename
+from tensorlens.store.schema import METADATA_KEY, store_filename
 from tensorlens.store.writer import RunStoreWriter
 
 
@@ -32,6 +33,11 @@ class LocalBackend(Backend):
     @property
     def path(self) -> str | None:
         return self._writer.path if self._writer else None
+
+    def write_metadata(self, metadata: Mapping[str, Any]) -> None:
+        """Kept as JSON under ``meta.metadata`` (:meth:`tensorlens.Run.metadata` reads it back)."""
+        assert self._writer is not None, "LocalBackend.write_metadata before open"
+        self._writer.write_meta({METADATA_KEY: json.dumps(dict(metadata), default=str)})
 
     def write(self, record: StepRecord) -> None:
         assert self._writer is not None, "LocalBackend.write before open"

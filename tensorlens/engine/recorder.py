@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -37,6 +38,7 @@ from tensorlens.engine.assemble import HostStatistics, PendingStep, build_record
 from tensorlens.engine.dynamics import Dynamics
 from tensorlens.engine.epochs import EpochAggregator, EpochEnd, check_epoch_statistics
 from tensorlens.engine.jobs import DerivedScalars, ReducedPiece, TensorJob, reduce_now
+from tensorlens.engine.metadata import LazyMetadata, run_metadata
 from tensorlens.engine.pending import PendingCaptures
 from tensorlens.engine.plan import Planner
 from tensorlens.engine.step import StepStatistics
@@ -168,7 +170,10 @@ class Recorder:
                 self._rules = runner
                 self._backends.append(runner)
         self.run_name, self.run_dir, self.resumed = self._run_location(out_dir, run_name, resume)
-        run = RunInfo(self.run_name, self.run_dir, self.rank, self.world_size, {"include_workers": include_workers})
+        run = RunInfo(
+            self.run_name, self.run_dir, self.rank, self.world_size, {"include_workers": include_workers},
+            metadata=_metadata_of(self),
+        )
         # epoch aggregates are taken from the records on the dispatcher thread (see engine/epochs.py)
         self._epochs = EpochAggregator(chosen_epoch_statistics, build_record, self.worker)
         self._dispatcher = Dispatcher(self._backends, run, max_pending=max_pending_steps, build=self._epochs.build)
@@ -739,3 +744,15 @@ class Recorder:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(run_dir={self.run_dir!r}, step={self.global_step}, collections={self.enabled_collections()})"
+
+
+def _metadata_of(recorder: Recorder) -> LazyMetadata:
+    """The run's metadata, built when the first backend opens (the sources are known by then);
+    a weak reference, so the dispatcher's threads never keep a dropped recorder alive."""
+    ref = weakref.ref(recorder)
+
+    def build() -> dict[str, Any]:
+        found = ref()
+        return run_metadata(found, found._sources) if found is not None else {}
+
+    return LazyMetadata(build)

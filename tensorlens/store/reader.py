@@ -11,6 +11,7 @@ as data.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import struct
@@ -23,7 +24,7 @@ from tensorlens.findings import Finding
 from tensorlens.modes import ModeKeys
 from tensorlens.records import StepRecord, TensorEntry
 from tensorlens.store.files import StepRow, StoreFile
-from tensorlens.store.schema import histogram_info, store_files
+from tensorlens.store.schema import METADATA_KEY, histogram_info, store_files
 from tensorlens.store.validate import (
     CorruptRunError,
     histogram_arrays,
@@ -138,6 +139,18 @@ class Run:
         and worker: what the run holds, without reading any statistic."""
         keys = {StepKey(ModeKeys(s.mode), s.mode_step, s.worker, s.step) for _, s in self._all_steps()}
         return sorted(keys, key=lambda k: (k.step, _MODE_ORDER[k.mode.value], k.mode_step, k.worker))
+
+    def metadata(self) -> dict[str, Any]:
+        """The run's metadata as recorded when it started (configuration, model, versions, git
+        commit; see :mod:`tensorlens.engine.metadata`): the primary worker's, ``{}`` if none.
+
+        >>> run.metadata()["model"]["parameters"]   # doctest: +SKIP
+        1234
+        """
+        for f in self._files:
+            for _, value in f.checked("meta", "WHERE key = ?", (METADATA_KEY,)):
+                return json.loads(value)
+        return {}
 
     def workers(self) -> list[str]:
         return sorted({s.worker for _, s in self._all_steps()})

@@ -424,3 +424,16 @@ def test_a_tensor_passed_twice_stays_one_tensor_and_attention_is_unchanged(tmp_p
     assert s["input_gradients/same.0/sample_norm/mean"] == pytest.approx(torch.linalg.vector_norm(grad, dim=1).mean().item(), rel=1e-6)
     assert "input_gradients/same.1/sample_norm/mean" not in s
     assert "input_gradients/attn.0/sample_norm/mean" in s
+
+
+def test_the_run_metadata_holds_the_dynamics_config(tmp_path: Any) -> None:
+    import json
+
+    from tensorlens.engine.metadata import run_metadata
+
+    hook = tl.watch(Net(), backends=[tl.MemoryBackend()], out_dir=str(tmp_path / "r"),
+                    dynamics=DynamicsConfig(distance_from_init=True, saturation_bounds={"act2": (-1.0, 1.0)}))
+    config = json.loads(json.dumps(run_metadata(hook, hook._sources)))["config"]
+    hook.close()
+    assert "dynamics" in config["collections"]
+    assert config["dynamics"]["distance_from_init"] is True and config["dynamics"]["saturation_bounds"] == {"act2": [-1.0, 1.0]}
