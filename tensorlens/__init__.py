@@ -31,6 +31,7 @@ from tensorlens.scales import (
 )
 from tensorlens.store.errors import CorruptRunError
 from tensorlens.store.reader import Run, TensorDescriptor, TensorView, open_run
+from tensorlens.sync.replay import sync_run
 from tensorlens.watch import watch
 
 __version__ = "0.1.0"
@@ -74,6 +75,7 @@ __all__ = [
     "setup",
     "summarize_scalar",
     "summarize_tensor",
+    "sync_run",
     "track_scales",
     "watch",
 ]

@@ -37,6 +37,9 @@ class RunInfo:
     world_size: int = 1
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
     metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: the watched module tree (:func:`tensorlens.capture.modules.describe_modules`), built when
+    #: called; the local store keeps it for the explorer
+    modules: Callable[[], list[dict[str, Any]]] | None = None
 
 
 class Backend:

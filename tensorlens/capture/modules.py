@@ -469,3 +469,31 @@ class ModuleTaps:
 
     def detach(self) -> None:
         self._capture.detach()
+
+    def describe(self) -> list[dict[str, Any]]:
+        """:func:`describe_modules` of every root, under its prefix."""
+        return [entry for prefix, root in self.roots for entry in describe_modules(root, prefix)]
+
+
+def describe_modules(model: Any, prefix: str = "") -> list[dict[str, Any]]:
+    """The module tree of ``model`` as the run stores it (the ``modules`` meta entry the explorer
+    shows): qualified name, type, ``extra_repr`` and the shapes of its own parameters.
+
+    >>> import torch
+    >>> describe_modules(torch.nn.Sequential(torch.nn.Linear(2, 3)))[1]["extra_repr"]
+    'in_features=2, out_features=3, bias=True'
+    """
+    out = []
+    for name, module in model.named_modules():
+        full = f"{prefix}.{name}" if prefix and name else (prefix or name)
+        try:
+            extra = module.extra_repr()
+        except Exception:  # a user's extra_repr that fails must not stop the recording
+            extra = ""
+        out.append({
+            "name": full,
+            "type": type(module).__name__,
+            "extra_repr": extra,
+            "parameters": {n: list(p.shape) for n, p in module.named_parameters(recurse=False)},
+        })
+    return out

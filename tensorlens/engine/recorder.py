@@ -172,7 +172,7 @@ class Recorder:
         self.run_name, self.run_dir, self.resumed = self._run_location(out_dir, run_name, resume)
         run = RunInfo(
             self.run_name, self.run_dir, self.rank, self.world_size, {"include_workers": include_workers},
-            metadata=_metadata_of(self),
+            metadata=_metadata_of(self), modules=self._describe_modules,
         )
         # epoch aggregates are taken from the records on the dispatcher thread (see engine/epochs.py)
         self._epochs = EpochAggregator(chosen_epoch_statistics, build_record, self.worker)
@@ -217,6 +217,9 @@ class Recorder:
             out_dir, run_name, active_run_name(self._backends), resume, self._store_file(), rank=self.rank,
             own_store=self.rank == 0 or self.include_workers == "all", share=share,
         )
+
+    def _describe_modules(self) -> list[dict[str, Any]]:
+        return [entry for source in self._sources if hasattr(source, "describe") for entry in source.describe()]
 
     def _store_file(self) -> str:
         return store_filename(f"worker_{self.rank}", primary=self.rank == 0)

@@ -313,7 +313,8 @@ class TensorView:
 
         A plain scalar (a loss, ``save_scalar``) answers ``mean``, ``min``, ``max``, ``sum``,
         ``median`` and ``prod`` with its value (the statistics of one number), and the norms and
-        ``abs_*`` with ``|value|``.
+        ``abs_*`` with ``|value|``. ``abs_max`` (= ``linf``) comes from ``min`` and ``max`` when it
+        was not recorded itself.
         """
         stat = f"abs_{name}" if abs and not name.startswith("abs_") else name
         mode = self._mode(mode)
@@ -327,6 +328,11 @@ class TensorView:
                 plain = value
         if plain is not None:  # `abs` is an argument here
             return math.fabs(plain) if stat.startswith("abs_") or base in _NORMS_OF_ONE_NUMBER else plain
+        if stat in _FROM_MIN_AND_MAX:  # max |x| is max(|min|, |max|), and every tensor has both
+            bounds = [next((v for _, v, p in self._values(step, b, mode, worker) if not p), None) for b in ("min", "max")]
+            if None not in bounds:
+                low, high = bounds
+                return math.nan if math.isnan(low) or math.isnan(high) else max(math.fabs(low), math.fabs(high))
         raise TensorNotFound(self._missing(stat, step, mode))
 
     def _missing(self, stat: str, step: int, mode: ModeKeys | str | None) -> str:
@@ -386,6 +392,8 @@ EPOCHS_COLLECTION = "epochs"
 #: Statistics a plain scalar answers with its own value (the statistics of one number).
 _OF_ONE_NUMBER = frozenset({"mean", "min", "max", "sum", "median", "prod"})
 _NORMS_OF_ONE_NUMBER = frozenset({"l1", "l2", "linf"})
+#: Statistics the reader derives exactly from a tensor's min and max when they were not recorded.
+_FROM_MIN_AND_MAX = frozenset({"abs_max", "linf", "abs_linf"})
 
 
 def open_run(path: str) -> Run:
