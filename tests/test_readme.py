@@ -88,7 +88,13 @@ def test_readme_block_runs(line: int, code: str, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")
     namespace = prelude(code, tmp_path)
-    exec(compile(code, f"README.md:{line}", "exec"), namespace)  # noqa: S102 - the README's own code
+    try:
+        exec(compile(code, f"README.md:{line}", "exec"), namespace)  # noqa: S102 - the README's own code
+    finally:
+        if "mlflow" in code:  # the block sets MLflow's process-wide tracking URI: give later tests theirs back
+            import mlflow
+
+            mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI", ""))
 
 
 def test_the_readme_states_no_placeholder() -> None:
