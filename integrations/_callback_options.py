@@ -16,6 +16,8 @@ from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, registered_backends
 from tensorlens.collection import DEFAULT_KINDS
 from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig
+from tensorlens.engine.dynamics import DynamicsConfig
+from tensorlens.engine.epochs import check_epoch_statistics
 from tensorlens.engine.recorder import WORKER_MODES
 from tensorlens.store.runs import check_resume
 from tensorlens.watch import histogram_config_from
@@ -42,6 +44,9 @@ class CallbackOptions:
     include_regex: Sequence[str] | str | None
     run_name: str | None
     resume: str
+    dynamics_config: DynamicsConfig | None = None
+    epoch_statistics: Sequence[str] | str | None = None
+    rules: list[Any] | None = None
 
     @classmethod
     def check(
@@ -61,6 +66,9 @@ class CallbackOptions:
         include_regex: Sequence[str] | str | None = None,
         run_name: str | None = None,
         resume: str = "never",
+        dynamics: bool | DynamicsConfig = False,
+        epoch_statistics: Sequence[str] | str | None = None,
+        rules: Sequence[Any] | None = None,
     ) -> CallbackOptions:
         """Check every option; ``trackers`` is the name that stands for the framework's own
         trackers in ``backends`` (``"report_to"``, ``"loggers"``), which is also the default."""
@@ -92,13 +100,24 @@ class CallbackOptions:
         if run_name is not None and (not isinstance(run_name, str) or not run_name):
             raise expected("run_name", "None or a non-empty string", run_name)
         check_resume(resume)
+        if not isinstance(dynamics, (bool, DynamicsConfig)):
+            raise expected("dynamics", "a bool or a tl.DynamicsConfig", dynamics)
+        check_epoch_statistics(epoch_statistics)
+        if rules is not None:
+            from tensorlens.rules.online import RuleRunner
+
+            RuleRunner(rules)  # checks them now; each train()'s recorder gets a runner of its own
 
         names = list(DEFAULT_KINDS) if collections is None else list(collections)
         if activations and "activations" not in names:
             names.append("activations")
+        if dynamics is not False and "dynamics" not in names:
+            names.append("dynamics")
         return cls(
             save_config, names, histogram_config, reductions, include_workers, record_clipped_gradients,
             _check_backends(trackers if backends is None else backends, trackers), out_dir, include_regex, run_name, resume,
+            dynamics if isinstance(dynamics, DynamicsConfig) else None, epoch_statistics,
+            list(rules) if rules is not None else None,
         )
 
     def recorder_kwargs(self) -> dict[str, Any]:
@@ -110,6 +129,9 @@ class CallbackOptions:
             "include_collections": self.collections,
             "include_regex": self.include_regex,
             "include_workers": self.include_workers,
+            "dynamics_config": self.dynamics_config,
+            "epoch_statistics": self.epoch_statistics,
+            "rules": self.rules,
         }
 
 

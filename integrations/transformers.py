@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import atexit
 import glob
+import math
 import os
 import sys
 import warnings
@@ -54,6 +55,7 @@ from tensorlens.backends.base import Backend, active_run_name
 from tensorlens.backends.optional import import_optional
 from tensorlens.capture.modules import ModuleTaps
 from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig
+from tensorlens.engine.dynamics import DynamicsConfig
 from tensorlens.engine.recorder import Recorder
 from tensorlens.integrations._callback_options import BackendSpec, CallbackOptions
 from tensorlens.modes import ModeKeys
@@ -104,6 +106,12 @@ class TensorLensCallback(transformers.TrainerCallback):
         run_name: the run's name; default: the active W&B / MLflow run's, else the time.
         resume: ``"never"`` (default), ``"allow"`` or ``"must"``, as in :class:`tensorlens.Hook`.
             A second ``trainer.train()`` with the same callback continues its run folder.
+        dynamics: ``True`` or a :class:`tensorlens.DynamicsConfig`: also record training dynamics
+            (``grad_norm_clipped`` too with ``record_clipped_gradients``; docs/dynamics.md).
+        epoch_statistics: what is aggregated per epoch at ``on_epoch_end`` (see
+            :meth:`tensorlens.Recorder.end_epoch`).
+        rules: :mod:`tensorlens.rules` checked on every saved step in the background; a rule with
+            ``action="stop"`` sets ``control.should_training_stop``.
 
     Evaluation outside ``trainer.train()`` (``trainer.evaluate()`` on its own) is not recorded.
     Unsupported (fails in ``on_train_begin``): DeepSpeed and FSDP version 1, whose gradients are
@@ -125,12 +133,16 @@ class TensorLensCallback(transformers.TrainerCallback):
         include_regex: Sequence[str] | str | None = None,
         run_name: str | None = None,
         resume: str = "never",
+        dynamics: bool | DynamicsConfig = False,
+        epoch_statistics: Sequence[str] | str | None = None,
+        rules: Sequence[Any] | None = None,
     ) -> None:
         self.options = CallbackOptions.check(
             trackers=REPORT_TO, save_interval=save_interval, collections=collections, activations=activations,
             histograms=histograms, reductions=reductions, include_workers=include_workers,
             record_clipped_gradients=record_clipped_gradients, backends=backends, out_dir=out_dir,
             save_config=save_config, include_regex=include_regex, run_name=run_name, resume=resume,
+            dynamics=dynamics, epoch_statistics=epoch_statistics, rules=rules,
         )
         #: The :class:`tensorlens.Recorder` of the current ``train()``, or of the last one once it ended.
         self.recorder: Recorder | None = None
@@ -188,7 +200,7 @@ class TensorLensCallback(transformers.TrainerCallback):
                             **options.recorder_kwargs())
         self._runs_started += 1
         try:
-            taps = ModuleTaps(recorder.capture, recorder.warn_once)
+            taps = ModuleTaps(recorder.capture, recorder.warn_once, recorder.dynamics)
             taps.add_root(_unwrapped(model))
             recorder.add_source(taps)
             recorder.set_step(state.global_step, self._mode_steps)
@@ -264,6 +276,8 @@ class TensorLensCallback(transformers.TrainerCallback):
             recorder.prepare_step(optimizer)
         if self.options.record_clipped_gradients and self._clipping and model is not None and recorder.will_save("gradients"):
             self._save_clipped_gradients(recorder, _unwrapped(model))
+        if self.options.record_clipped_gradients and self._clipping and recorder.will_save("dynamics"):
+            recorder.read_clipped_gradients()  # dynamics/global grad_norm_clipped
 
     def _save_clipped_gradients(self, recorder: Recorder, model: nn.Module) -> None:
         """The gradients the optimizer is about to use: after the Trainer's clipping."""
@@ -278,8 +292,16 @@ class TensorLensCallback(transformers.TrainerCallback):
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         recorder = self._live()
         if recorder is not None:
-            recorder.step()
+            recorder.step()  # also takes the rules' actions: a "raise" leaves through the Trainer
             self._prepared = False
+            if recorder.should_stop:  # a rule with action="stop" fired
+                control.should_training_stop = True
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        recorder = self._live()
+        if recorder is not None and state.epoch is not None:
+            # the Trainer's epoch is a float that reaches n at the end of epoch n - 1
+            recorder.end_epoch(max(0, math.ceil(state.epoch) - 1))
 
     # ------------------------------------------------------------------ evaluation during train()
 

@@ -222,6 +222,30 @@ def test_without_clipping_gradients_are_read_before_the_optimizer(tmp_path: Any)
     assert run.collections() == ["gradients", "weights"]  # nothing clipped: no gradients_clipped
 
 
+def test_dynamics_epochs_and_a_stop_rule(tmp_path: Any) -> None:
+    from tensorlens import rules as R
+
+    class StopAtOnce(R.Rule):  # a rule that fires on the first saved step it sees
+        def invoke_at_step(self, record: tl.StepRecord) -> tl.Finding | None:
+            if record.mode == tl.ModeKeys.TRAIN:
+                return self.finding(record, "gradients/transformer.wte.weight", "stop here")
+            return None
+
+    callback = TensorLensCallback(save_interval=1, backends=["local"], dynamics=True, record_clipped_gradients=True,
+                                  rules=[StopAtOnce(action="stop")])
+    trainer, reference = train(tmp_path, callback, [], max_steps=6, accumulation=1)
+    run = tl.open_run(callback.recorder.run_dir)
+    saved = run.steps("train")
+    assert 1 in saved and len(saved) < 6 and trainer.state.global_step < 6  # the rule stopped the Trainer
+    grads = reference.before[1]
+    total = float(np.sqrt(sum(np.sum(g * g) for g in grads.values())))
+    assert run.tensor("dynamics/global").reduction_value(step=1, name="grad_norm") == pytest.approx(total, rel=1e-5)
+    clipped = run.tensor("dynamics/global").reduction_value(step=1, name="grad_norm_clipped")
+    assert clipped == pytest.approx(min(total, MAX_GRAD_NORM), rel=1e-4)
+    assert [f.rule for f in run.findings()][:1] == ["StopAtOnce"]
+    assert run.steps("epoch") == [0]  # the stopped epoch still ends with its aggregates
+
+
 def test_training_resumed_from_a_checkpoint_continues_the_run(tmp_path: Any) -> None:
     callback = TensorLensCallback(save_interval=1, backends=["local"], run_name="resumed", activations=True)
     trainer, _ = train(tmp_path, callback, [], max_steps=2, save_steps=2)
