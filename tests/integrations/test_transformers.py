@@ -146,8 +146,8 @@ def test_trainer_with_wandb_mlflow_and_tensorboard(tmp_path: Any, trackers: Any)
     trainer, reference = train(tmp_path, callback, ["wandb", "mlflow", "tensorboard"])
     recorder = callback.recorder
     assert recorder.closed and [b.name for b in recorder.backends] == ["local", "wandb", "mlflow", "tensorboard"]
-    # 4 train records and 4 eval records (2 evaluations of 2 batches), everywhere
-    assert all(s.written == 8 and s.failed == 0 and s.dropped == 0 for s in recorder.backend_stats().values())
+    # 4 train records, 4 eval records (2 evaluations of 2 batches) and the epoch's aggregates, everywhere
+    assert all(s.written == 9 and s.failed == 0 and s.dropped == 0 for s in recorder.backend_stats().values())
     wandb_run_id = wandb.run.id
     wandb.finish()
 
@@ -219,7 +219,8 @@ def test_without_clipping_gradients_are_read_before_the_optimizer(tmp_path: Any)
         for name, _ in trainer.model.named_parameters():
             assert_statistics(run, step, f"gradients/{name}", reference.before[step][name])
             np.testing.assert_array_equal(reference.before[step][name], reference.after[step][name])
-    assert run.collections() == ["gradients", "weights"]  # nothing clipped: no gradients_clipped
+    # nothing clipped: no gradients_clipped (the epoch's aggregates sit in their own collection)
+    assert run.collections() == ["epochs", "gradients", "weights"]
 
 
 def test_dynamics_epochs_and_a_stop_rule(tmp_path: Any) -> None:
