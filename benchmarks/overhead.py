@@ -167,7 +167,7 @@ class _GPT2Logits(nn.Module):
         try:
             from transformers import GPT2Config, GPT2LMHeadModel
         except ImportError as err:  # an optional benchmark dependency
-            raise SystemExit("the gpt2 model needs transformers: pip install 'tensorlens[bench]'") from err
+            raise SystemExit("the gpt2 model needs transformers: pip install 'tensorlens[transformers]'") from err
         self.model = GPT2LMHeadModel(GPT2Config())
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -271,10 +271,19 @@ VARIANTS: dict[str, VariantSpec] = {
         VariantSpec("wandb_all_every_100", 'wandb.watch(log="all", log_freq=100)', "wandb", 100),
         # opt-in: every value binned (HistogramConfig(sample=None)), to price exact histograms
         VariantSpec("tl_full_exact_every_step", "tl full + exact 64-bin hist, every step", "tensorlens", 1),
+        # the dynamics collection alone (tl.watch(dynamics=True, collections=["dynamics"])): update
+        # ratios, cosines (their copies every step), global norms, unit statistics, io_grad norms
+        VariantSpec("tl_dynamics_every_step", "tl dynamics only, every step", "tensorlens", 1),
+        # the same every 100 steps: steps 99, 199, ... copy the gradient and the update for the cosines
+        VariantSpec("tl_dynamics_every_100", "tl dynamics only, every 100", "tensorlens", 100),
+        # the full collections and the dynamics together
+        VariantSpec("tl_full_dynamics_every_step", "tl full + dynamics, every step", "tensorlens", 1),
     )
 }
 #: What a run measures unless ``--variants`` says otherwise.
-DEFAULT_VARIANTS = tuple(name for name in VARIANTS if name != "tl_full_exact_every_step")
+DEFAULT_VARIANTS = tuple(
+    name for name in VARIANTS if name not in ("tl_full_exact_every_step", "tl_dynamics_every_100", "tl_full_dynamics_every_step")
+)
 
 # --------------------------------------------------------------------------------------------
 # Paths: the compiled CPU kernel, or PyTorch ops only (what runs on a GPU, and on a CPU without a
@@ -348,6 +357,16 @@ class TensorlensInstrument(Instrument):
             self.hook = tl.watch(model, backends=["local"], out_dir=out_dir)
         elif spec.base_name == "tl_watch_all_every_step":
             self.hook = tl.watch(model, log="all", log_freq=1, backends=["local"], out_dir=out_dir)
+        elif "dynamics" in spec.name:
+            self.hook = tl.watch(
+                model,
+                collections=[*(FULL_COLLECTIONS if "full" in spec.name else ()), "dynamics"],
+                dynamics=True,
+                save_interval=spec.save_interval or 1,
+                histograms=tl.HistogramConfig(bins=64),
+                backends=["local"],
+                out_dir=out_dir,
+            )
         else:
             # bins=64 with the version's default sampling, or every value for the "exact" variant
             histograms = tl.HistogramConfig(bins=64, sample=None) if "exact" in spec.name else tl.HistogramConfig(bins=64)
@@ -1127,7 +1146,19 @@ def run_benchmark(config: BenchConfig, progress: Callable[[dict[str, Any]], None
     """Run the benchmark and return the JSON-ready result (see the module docstring).
 
     ``progress(report)`` receives the partial report after each model and each memory pass.
+    The caller's ``TENSORLENS_NATIVE`` is restored afterwards (variants switch paths by setting it).
     """
+    before = os.environ.get("TENSORLENS_NATIVE")
+    try:
+        return _run_benchmark(config, progress)
+    finally:
+        if before is None:
+            os.environ.pop("TENSORLENS_NATIVE", None)
+        else:
+            os.environ["TENSORLENS_NATIVE"] = before
+
+
+def _run_benchmark(config: BenchConfig, progress: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
     unknown = [m for m in config.models if m not in MODELS] + [v for v in config.variants if v not in VARIANTS]
     if unknown:
         raise ValueError(f"Expected models from {list(MODELS)} and variants from {list(VARIANTS)}, but got {unknown}")

@@ -26,6 +26,7 @@ read gradients too early):
   which are accumulated over micro-batches and unscaled by AMP there, and not yet clipped;
 - ``on_train_batch_end``, when ``trainer.global_step`` advanced: optionally the clipped gradients
   (still in ``.grad``: ``zero_grad`` runs at the start of the next step), then ``recorder.step()``.
+- ``on_train_epoch_end``: ``recorder.end_epoch(trainer.current_epoch)`` records the epoch aggregates.
 - validation / test (mode ``eval``) and predict (mode ``predict``): one mode step per batch,
   ``begin_step()`` in ``on_*_batch_start`` and ``end_step()`` in ``on_*_batch_end``. Sanity-check
   batches are not recorded (Lightning's loggers skip them too).
@@ -47,7 +48,8 @@ from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, backend_class, registered_backends
 from tensorlens.capture.modules import ModuleTaps
 from tensorlens.collection import DEFAULT_KINDS
-from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig
+from tensorlens.config import DynamicsConfig, HistogramConfig, ReductionConfig, SaveConfig
+from tensorlens.engine.epochs import check_epoch_statistics
 from tensorlens.engine.recorder import WORKER_MODES, Recorder
 from tensorlens.modes import ModeKeys
 from tensorlens.store.runs import DEFAULT_RUNS_DIR, check_resume, default_run_name, folder_name
@@ -88,7 +90,15 @@ class TensorLensCallbackBase:
         include_workers: under DDP: ``"reduce"`` (statistics merged across ranks), ``"one"``
             (rank 0's only) or ``"all"`` (every rank on its own, each to its local store file).
         record_clipped_gradients: also record the gradients after Lightning's gradient clipping,
-            as the collection ``gradients_clipped`` (``gradients`` are read before clipping).
+            as the collection ``gradients_clipped`` (``gradients`` are read before clipping), and,
+            with ``dynamics``, their global norm as ``dynamics/global`` ``grad_norm_clipped``
+            (``grad_norm`` is the norm before clipping, what ``clip_grad_norm_`` returns).
+        dynamics: ``True`` or a :class:`tensorlens.DynamicsConfig`: also record training dynamics
+            (update ratios, gradient and update cosines, global norms, dead and saturated units,
+            per-sample norms; ``docs/dynamics.md``).
+        epoch_statistics: what is aggregated per epoch at ``on_train_epoch_end`` (mean, min, max
+            and std across the epoch's saved steps, under ``epochs/...``): ``None`` (plain values,
+            ``l2`` and the dynamics), ``"all"``, ``()`` for none, or names such as ``["l2"]``.
         backends: ``"loggers"``: write to the trainer's loggers (W&B, MLflow, TensorBoard; the
             CSV logger and unknown loggers get nothing) plus the local store. Or a list of
             backend names, ``Backend`` classes or instances, which may contain ``"loggers"``.
@@ -131,6 +141,8 @@ class TensorLensCallbackBase:
         include_regex: Sequence[str] | str | None = None,
         run_name: str | None = None,
         resume: str = "never",
+        dynamics: bool | DynamicsConfig = False,
+        epoch_statistics: Sequence[str] | str | None = None,
         rules: Sequence[Any] | None = None,
     ) -> None:
         super().__init__()
@@ -164,6 +176,9 @@ class TensorLensCallbackBase:
         if run_name is not None and not isinstance(run_name, str):
             raise expected("run_name", "None or a string", run_name)
         check_resume(resume)
+        if not isinstance(dynamics, (bool, DynamicsConfig)):
+            raise expected("dynamics", "a bool or a tl.DynamicsConfig", dynamics)
+        check_epoch_statistics(epoch_statistics)
         if rules is not None:
             from tensorlens.rules.online import RuleRunner
 
@@ -172,6 +187,8 @@ class TensorLensCallbackBase:
         names = list(DEFAULT_KINDS) if collections is None else list(collections)
         if activations and "activations" not in names:
             names.append("activations")
+        if dynamics is not False and "dynamics" not in names:
+            names.append("dynamics")
         self.save_config = save_config
         self.collections = names
         self.histogram_config = histogram_config
@@ -183,6 +200,8 @@ class TensorLensCallbackBase:
         self.include_regex = include_regex
         self.run_name = run_name
         self.resume = resume
+        self.dynamics_config = dynamics if isinstance(dynamics, DynamicsConfig) else None
+        self.epoch_statistics = epoch_statistics
         self.rules = list(rules) if rules is not None else None
 
         #: The :class:`tensorlens.Recorder` of the current run, or of the last one once it has ended.
@@ -235,11 +254,13 @@ class TensorLensCallbackBase:
             run_name=run_name,
             include_workers=self.include_workers,
             resume=resume,
+            dynamics_config=self.dynamics_config,
+            epoch_statistics=self.epoch_statistics,
             rules=self.rules,
         )
         self._runs_started += 1
         try:
-            taps = ModuleTaps(hook.capture, hook.warn_once)
+            taps = ModuleTaps(hook.capture, hook.warn_once, hook.dynamics)
             taps.add_root(pl_module)
             hook.add_source(taps)
             hook.set_mode(_STAGE_MODES.get(stage, ModeKeys.TRAIN))
@@ -315,6 +336,8 @@ class TensorLensCallbackBase:
             return  # accumulating: no optimizer step in this batch
         if self.record_clipped_gradients and self._prepared and hook.will_save("gradients"):
             self._save_clipped_gradients(hook, pl_module)
+        if self.record_clipped_gradients and self._prepared and hook.will_save("dynamics"):
+            hook.read_clipped_gradients()
         hook.step()
         self._prepared = False
         if self.rules is not None:
@@ -325,6 +348,11 @@ class TensorLensCallbackBase:
                 trainer.should_stop = True
         if hook.global_step != trainer.global_step:
             self._sync(trainer, ModeKeys.TRAIN)
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        hook = self._live_hook()
+        if hook is not None:
+            hook.end_epoch(trainer.current_epoch)
 
     def _save_clipped_gradients(self, hook: Recorder, pl_module: nn.Module) -> None:
         """Gradients as the optimizer used them, after clipping (``.grad`` lives until the next

@@ -40,6 +40,7 @@ import time
 import urllib.parse
 import urllib.request
 import warnings
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -48,6 +49,7 @@ from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, RunInfo
 from tensorlens.backends.keys import PRIMARY_WORKERS, key_parts
 from tensorlens.backends.optional import import_optional, is_lightning_logger
+from tensorlens.engine.metadata import flatten
 from tensorlens.findings import Finding
 from tensorlens.modes import ModeKeys
 from tensorlens.records import HistogramEntry, StepRecord
@@ -77,6 +79,9 @@ MAX_KEY_LENGTH = 250
 MAX_METRICS_PER_BATCH = 1000
 #: MLflow's limit on a tag value (``MAX_TAG_VAL_LENGTH``).
 MAX_TAG_VALUE = 5000
+#: ... and more params (or tags) in one request, and longer param values.
+MAX_PARAMS_PER_BATCH = 100
+MAX_PARAM_LENGTH = 6000
 
 _HASH_LENGTH = 8
 # MLflow allows ``[/\w.\- :]`` but ``\w`` is Unicode and ``:`` is refused on Windows clients;
@@ -324,6 +329,51 @@ class MLflowBackend(Backend):
         )
         self._tmp = tempfile.mkdtemp(prefix="tensorlens-mlflow-")
         self._last_timestamp = 0
+
+    def write_metadata(self, metadata: Mapping[str, Any]) -> None:
+        """The run's metadata as MLflow params ``<prefix>.<key>`` (flattened, values cut at
+        6000 characters, 100 per request). MLflow params cannot change: one that the run holds
+        with another value (a resumed run on a new commit) is set as a tag of the same name."""
+        from mlflow.entities import Param, RunTag
+
+        assert self._client is not None, "MLflowBackend.write_metadata before open"
+        held = self._client.get_run(self.run_id).data.params
+        params, tags = [], []
+        names = MetricKeyMapper()  # param keys follow the metric-key rules
+        for key, value in flatten(metadata).items():
+            name = names(f"{self.prefix}.{key}" if self.prefix else key)
+            text = str(value)
+            if len(text) > MAX_PARAM_LENGTH:
+                text = text[: MAX_PARAM_LENGTH - 1] + "\u2026"
+            if name not in held:
+                params.append(Param(name, text))
+            elif held[name] != text:
+                tags.append(RunTag(name, text[:MAX_TAG_VALUE]))
+        for start in range(0, max(len(params), len(tags)), MAX_PARAMS_PER_BATCH):
+            self._client.log_batch(
+                self.run_id,
+                params=params[start : start + MAX_PARAMS_PER_BATCH],
+                tags=tags[start : start + MAX_PARAMS_PER_BATCH],
+            )
+
+    def restore(self, record: StepRecord | Finding) -> None:
+        """A record the MLflow run holds already (a sync continuing it): its timestamp, histogram
+        file and heatmap columns are taken again, so what is sent from now on continues exactly
+        where the earlier session stopped (metric keys depend on the series alone). A finding:
+        counted, so the rule's count goes on."""
+        if isinstance(record, Finding):
+            self._finding_counts[record.rule] = self._finding_counts.get(record.rule, 0) + 1
+            return
+        self._last_timestamp = max(int(record.wall_time * 1000), self._last_timestamp + 1)
+        if self.histogram_every and record.histograms:
+            chunk = self._chunk(record.mode)
+            chunk.add(record)
+            chunk.dirty = False  # uploaded by the earlier session
+            if len(chunk.records) >= self.histogram_every:
+                self._chunks.pop(record.mode, None)
+        if self.heatmaps:
+            for histogram in record.histograms:
+                self._columns.setdefault((record.mode, histogram.tensor), _HeatmapColumns()).add(record.mode_step, histogram)
 
     def write(self, record: StepRecord) -> None:
         from mlflow.entities import Metric

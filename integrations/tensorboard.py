@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -19,6 +20,7 @@ from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, RunInfo
 from tensorlens.backends.keys import tracker_key
 from tensorlens.backends.optional import import_optional, is_lightning_logger
+from tensorlens.engine.metadata import flatten
 from tensorlens.findings import Finding
 from tensorlens.modes import ModeKeys
 from tensorlens.records import HistogramEntry, StepRecord
@@ -136,6 +138,20 @@ class TensorBoardBackend(Backend):
         """
         return tracker_key(self.prefix, mode, worker, key)
 
+    def write_metadata(self, metadata: Mapping[str, Any]) -> None:
+        """The run's metadata as a text summary ``<prefix>/metadata`` (a table, TEXT tab) and, with
+        a torch ``SummaryWriter``, as hparams of this run (HPARAMS tab: runs side by side)."""
+        assert self._writer is not None, "TensorBoardBackend.write_metadata before open"
+        flat = flatten(metadata)
+        rows = "\n".join(f"| {key} | {_markdown(value)} |" for key, value in flat.items())
+        self._writer.add_text(f"{self.prefix}/metadata" if self.prefix else "metadata", f"| key | value |\n|---|---|\n{rows}", 0)
+        file_writer = self._fast_file_writer()
+        if file_writer is not None:
+            from torch.utils.tensorboard.summary import hparams
+
+            for summary in hparams({k: v if v is not None else "None" for k, v in flat.items()}, {}):
+                file_writer.add_summary(summary)
+
     def write(self, record: StepRecord) -> None:
         assert self._writer is not None, "TensorBoardBackend.write before open"
         step = record.mode_step if record.mode in _MODE_STEP_MODES else record.step
@@ -192,6 +208,11 @@ class TensorBoardBackend(Backend):
             self._writer = None
         else:
             self._writer.flush()  # the caller's writer: make our events visible, leave it open
+
+
+def _markdown(value: object) -> str:
+    # a table cell: pipes would end the cell, newlines the row
+    return str(value).replace("|", "\\|").replace("\n", " ")
 
 
 def _buckets(h: HistogramEntry) -> tuple[float, float, float, float, float, list[float], list[float]]:

@@ -20,7 +20,9 @@ What lands in the run (``prefix="tensorlens"``):
   alert is written to the run file), and in the run summary ``tensorlens/rules/<rule>/count``,
   ``.../first_step``, ``.../last_step`` and ``.../last_message``.
 - ``tensorlens/profile/<collection>/<stat>``: a line chart of one statistic by layer depth, one
-  line per saved step (built-in preset ``wandb/line/v0``), and, for the tensors named in
+  line per saved step (built-in preset ``wandb/line/v0``), for each profile whose statistic the
+  records hold: by default gradient ``l2`` and, when ``dynamics`` are recorded, the update ratio
+  (``dynamics`` / ``update_ratio``); and, for the tensors named in
   ``heatmap_tensors``, ``tensorlens/heatmap/<tensor>``: the histogram over time as a heatmap
   (the Vega-Lite spec in ``wandb_heatmap_spec.json``, installed once with
   ``tensorlens wandb-install-chart --entity E``). Their tables are logged every ``table_every``
@@ -46,7 +48,7 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -69,6 +71,8 @@ HEATMAP_CHART_NAME = "tensorlens/histogram-heatmap"
 HEATMAP_SPEC_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wandb_heatmap_spec.json")
 #: More lines than this make the profile chart unreadable; older ones are thinned evenly.
 MAX_PROFILE_LINES = 24
+#: The layer profiles charted by default; one appears only when the records hold its statistic.
+DEFAULT_PROFILES = (("gradients", "l2"), ("dynamics", "update_ratio"))
 #: Steps kept per heatmap table (steps x bins rows are re-logged every time).
 MAX_HEATMAP_STEPS = 64
 #: Records held back while a user who passes ``step=`` has not moved on to the next row.
@@ -99,7 +103,8 @@ class WandbBackend(Backend):
             row of its own.
         table_every: log the custom-chart tables every this many saved train steps (the first
             saved step included), and once more at ``close()``.
-        profile: ``(collection, stat)`` for the per-layer profile chart, or ``None``.
+        profile: ``(collection, stat)`` for a per-layer profile chart, a list of them, or ``None``;
+            default gradient ``l2`` and the ``dynamics`` update ratio (charted when recorded).
         heatmap_tensors: tensors that get a histogram-over-time heatmap: a regular expression
             searched in names like ``"gradients/fc1.weight"``, or a list of exact names.
             Default ``None`` (no heatmaps): the chart needs its spec installed on the server
@@ -120,7 +125,7 @@ class WandbBackend(Backend):
         histograms: bool = True,
         extra_step_keys: Sequence[str] | str = (),
         table_every: int = 10,
-        profile: tuple[str, str] | None = ("gradients", "l2"),
+        profile: tuple[str, str] | Sequence[tuple[str, str]] | None = DEFAULT_PROFILES,
         heatmap_tensors: str | Sequence[str] | None = None,
         heatmap_chart: str | None = None,
     ) -> None:
@@ -137,10 +142,7 @@ class WandbBackend(Backend):
             raise expected("extra_step_keys", "a list of non-empty key names", extra_step_keys)
         if isinstance(table_every, bool) or not isinstance(table_every, int) or table_every < 1:
             raise expected("table_every", "an integer >= 1", table_every)
-        if profile is not None and not (
-            isinstance(profile, (tuple, list)) and len(profile) == 2 and all(isinstance(p, str) and p for p in profile)
-        ):
-            raise expected("profile", 'None or a pair (collection, stat) such as ("gradients", "l2")', profile)
+        profiles = _profiles(profile)
         if heatmap_chart is not None and (not isinstance(heatmap_chart, str) or not heatmap_chart):
             raise expected("heatmap_chart", "None or a chart id such as 'my-team/tensorlens/histogram-heatmap'", heatmap_chart)
 
@@ -149,7 +151,7 @@ class WandbBackend(Backend):
         self.histograms = histograms
         self.extra_step_keys = keys
         self.table_every = table_every
-        self.profile = tuple(profile) if profile is not None else None
+        self.profiles = profiles
         self._heatmap_match = _tensor_matcher(heatmap_tensors)
         self.heatmap_chart = heatmap_chart
         # the dispatcher strips histograms from records for a backend that does not take them
@@ -163,8 +165,8 @@ class WandbBackend(Backend):
         self._last_step = 0
         self._train_records = 0  # saved train records seen: drives the table schedule
         self._unlogged = False  # a snapshot was taken after the last table log
-        self._profile_lines = StrideThinner(MAX_PROFILE_LINES)
-        self._profile_key: str | None = None
+        self._profile_lines = {p: StrideThinner(MAX_PROFILE_LINES) for p in profiles}
+        self._profile_keys: dict[tuple[str, str], str] = {}
         self._heatmaps: dict[str, StrideThinner] = {}
         self._alerted: set[tuple[str, str | None]] = set()
         self._finding_counts: dict[str, int] = {}
@@ -216,6 +218,27 @@ class WandbBackend(Backend):
                     "for panels that work after `wandb sync`",
                     stacklevel=2,
                 )
+
+    def write_metadata(self, metadata: Mapping[str, Any]) -> None:
+        """The run's metadata as W&B config under ``<prefix>`` (``tensorlens.model.parameters``, ...),
+        so runs can be grouped and compared by it. ``allow_val_change``: a resumed run may update it."""
+        if self._disabled:
+            return
+        self._check_active("the run metadata is not logged")
+        self._run.config.update({self.prefix: dict(metadata)}, allow_val_change=True)
+
+    def restore(self, record: StepRecord | Finding) -> None:
+        """A record the W&B run holds already (a sync continuing it): its custom-chart snapshots
+        are taken again, so the charts logged from now on cover the whole run. A finding: counted,
+        and its tensor's alert counts as sent."""
+        if isinstance(record, Finding):
+            self._alerted.add((record.rule, record.tensor))
+            self._finding_counts[record.rule] = self._finding_counts.get(record.rule, 0) + 1
+            return
+        if record.mode == ModeKeys.TRAIN:
+            self._take_snapshots(record)
+        self._unlogged = False  # the earlier session logged its tables
+        self._last_step = record.step
 
     def write(self, record: StepRecord) -> None:
         if self._disabled:
@@ -328,16 +351,16 @@ class WandbBackend(Backend):
     def _take_snapshots(self, record: StepRecord) -> bool:
         taken = False
         index = self._train_records
-        if self.profile is not None:
-            collection, stat = self.profile
+        for profile in self.profiles:
+            collection, stat = profile
             line = [
                 (entry.tensor.split("/", 1)[1], float(entry.value))
                 for entry in record.scalars
                 if entry.stat == stat and collection_of(entry.tensor) == collection and "/" in entry.tensor
             ]
             if line:
-                self._profile_key = f"{self._base(record)}/profile/{collection}/{stat}"
-                self._profile_lines.add(index, (int(record.step), line))
+                self._profile_keys[profile] = f"{self._base(record)}/profile/{collection}/{stat}"
+                self._profile_lines[profile].add(index, (int(record.step), line))
                 taken = True
         if self._heatmap_match is not None:
             for hist in record.histograms:
@@ -355,15 +378,15 @@ class WandbBackend(Backend):
     def _charts(self) -> dict[str, Any]:
         wandb = self._wandb
         charts: dict[str, Any] = {}
-        if self._profile_key is not None and self.profile is not None:
-            collection, stat = self.profile
+        for profile, key in self._profile_keys.items():
+            collection, stat = profile
             rows = [
                 [step, depth, tensor, value]
-                for step, line in self._profile_lines.values()
+                for step, line in self._profile_lines[profile].values()
                 for depth, (tensor, value) in enumerate(line)
             ]
             table = wandb.Table(columns=list(PROFILE_COLUMNS), data=rows, allow_mixed_types=True)
-            charts[self._profile_key] = wandb.plot.line(
+            charts[key] = wandb.plot.line(
                 table, "depth", "value", stroke="step", title=f"{collection} {stat} by layer depth (one line per step)"
             )
         for key, snapshots in self._heatmaps.items():
@@ -397,6 +420,22 @@ def _user_passes_step(run: Any) -> bool:
         return bool(run._telemetry_obj.feature.set_step_log)
     except Exception:
         return False
+
+
+def _profiles(spec: Any) -> tuple[tuple[str, str], ...]:
+    """``profile`` as given: ``None``, one pair ``(collection, stat)`` or a list of pairs."""
+    what = 'None or a pair (collection, stat) such as ("gradients", "l2"), or a list of such pairs'
+    if spec is None:
+        return ()
+
+    def pair(value: Any) -> bool:
+        return isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(p, str) and p for p in value)
+
+    if pair(spec):
+        return (tuple(spec),)  # type: ignore[return-value]
+    if isinstance(spec, (tuple, list)) and spec and all(pair(p) for p in spec):
+        return tuple(dict.fromkeys(tuple(p) for p in spec))
+    raise expected("profile", what, spec)
 
 
 def _tensor_matcher(spec: str | Sequence[str] | None) -> Any:

@@ -13,7 +13,7 @@ from tensorlens.backends.memory import MemoryBackend
 from tensorlens.capture.hook import Hook
 from tensorlens.capture.summaries import summarize_scalar, summarize_tensor
 from tensorlens.collection import Collection, Kind
-from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig, SaveConfigMode
+from tensorlens.config import DynamicsConfig, HistogramConfig, ReductionConfig, SaveConfig, SaveConfigMode
 from tensorlens.engine.recorder import Recorder
 from tensorlens.file_limit import setup
 from tensorlens.findings import Finding
@@ -31,6 +31,7 @@ from tensorlens.scales import (
 )
 from tensorlens.store.errors import CorruptRunError
 from tensorlens.store.reader import Run, TensorDescriptor, TensorView, open_run
+from tensorlens.sync.replay import sync_run
 from tensorlens.watch import watch
 
 __version__ = "0.1.0"
@@ -39,6 +40,7 @@ __all__ = [
     "Backend",
     "Collection",
     "CorruptRunError",
+    "DynamicsConfig",
     "Finding",
     "HistogramConfig",
     "HistogramEntry",
@@ -73,6 +75,7 @@ __all__ = [
     "setup",
     "summarize_scalar",
     "summarize_tensor",
+    "sync_run",
     "track_scales",
     "watch",
 ]

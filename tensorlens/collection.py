@@ -33,6 +33,9 @@ class Kind(str, enum.Enum):
     LOSSES = "losses"  # outputs of registered loss modules
     SUMMARIES = "summaries"  # tl.summarize_scalar / summarize_tensor from model code
     SCALARS = "scalars"  # hook.save_scalar
+    # training dynamics derived from several tensors or steps (update ratios, cosines, global
+    # norms, dead units, per-sample norms): see tensorlens.engine.dynamics
+    DYNAMICS = "dynamics"
     SCALES = "scales"  # per-op forward and backward scales (scales=True; see tensorlens.scales)
 
     def __str__(self) -> str:  # "weights", not "Kind.WEIGHTS", in names and messages
@@ -43,14 +46,18 @@ class Kind(str, enum.Enum):
 KINDS = tuple(k.value for k in Kind)
 #: What ``tl.watch`` records unless told otherwise.
 DEFAULT_KINDS = ("weights", "biases", "gradients", "losses", "summaries", "scalars")
-#: Kinds that cost more than a read of the tensors: only recorded when named (not in ``"all"``).
-OPT_IN_KINDS = ("scales",)
+#: Kinds that cost more than a read of the tensors: only recorded when named (not in ``"all"``);
+#: the derived ``dynamics`` keep copies and hooks of their own.
+OPT_IN_KINDS = ("scales", "dynamics")
 #: Names that stand for several kinds in ``include_collections``.
 ALIASES = {"all": tuple(k for k in KINDS if k not in OPT_IN_KINDS), "default": DEFAULT_KINDS}
 #: Kinds whose tensors are single numbers recorded as they are (no reductions, no histograms).
 SCALAR_KINDS = ("optimizer", "losses", "scalars")
-#: Kinds captured with module hooks (attached only on saved steps).
-MODULE_KINDS = ("activations", "inputs", "activation_gradients")
+#: Kinds captured with module hooks (attached only on saved steps); ``dynamics`` also reads
+#: module outputs and their gradients (dead units, per-sample norms).
+MODULE_KINDS = ("activations", "inputs", "activation_gradients", "dynamics")
+#: Collection names the recorder writes itself, never a collection of tensors.
+RESERVED_NAMES = ("epochs",)
 #: Kinds read from the parameters at the optimizer step.
 PARAMETER_KINDS = ("weights", "biases", "gradients")
 
@@ -78,6 +85,8 @@ class Collection:
         self.on_change = on_change  # the owner's cache invalidation; set first, __setattr__ calls it
         if not isinstance(name, str) or not _NAME.match(name):
             raise expected("name", "a collection name of letters, digits, '_', '.' and '-'", name)
+        if name in RESERVED_NAMES:
+            raise expected("name", f"a collection name other than {list(RESERVED_NAMES)} (epoch aggregates are recorded there)", name)
         self.name = name
         self.builtin = name in KINDS
         if kinds is None:

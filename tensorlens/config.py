@@ -224,3 +224,109 @@ class HistogramConfig:
     @property
     def enabled(self) -> bool:
         return self.bins > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicsConfig:
+    """What the ``dynamics`` collection records (``tl.watch(model, dynamics=True)`` or
+    ``include_collections=[..., "dynamics"]``); see ``docs/dynamics.md`` for the formulas and costs.
+
+    Parameters (``dynamics/<param>``, ``dynamics/global``):
+
+    - ``parameters``: ``update_l2``, ``update_ratio``, ``grad_to_weight`` per parameter and the
+      global ``grad_norm``, ``weight_norm``, ``update_norm``, ``grad_nonfinite_count``.
+    - ``cosines``: ``grad_cosine`` and ``update_cosine`` with the previous optimizer step. The
+      gradient and the update of the step *before* each saved step are copied (two copies of the
+      parameters on their device, held for one step); other steps copy nothing.
+    - ``distance_from_init``: ``||p_t - p_0||`` per parameter and globally; keeps a copy of the
+      parameters taken at the first optimizer step, on their device, or on the CPU with
+      ``init_on_cpu=True`` (then each saved step copies it back to the device).
+
+    Module outputs (the modules the ``activations`` collection would record), on saved steps:
+
+    - ``units``: ``dead_fraction`` (units exactly zero, ``|y| <= active_threshold``, for every
+      sample of the batch: monitorch's death rate), ``active_rate_mean`` and the per-unit rates
+      (``activations/<module>/unit_active_rate``, with a histogram over [0, 1]). Units lie on the
+      feature axis: ``channel_last=None`` picks the last axis except for convolution, pooling and
+      batch-norm outputs and tensors of 4 or more dimensions (channel-first, axis 1); ``True`` /
+      ``False`` fix it; a dict ``{regex: bool}`` fixes it per module name (first match wins).
+    - ``saturation``: ``saturation_fraction`` of tanh/sigmoid-like outputs: values within
+      ``(1 - saturation_threshold) * max(|low|, |high|)`` of a bound of the range (``|y| >= 0.99``
+      for ``Tanh``); the range is known for ``Tanh``, ``Sigmoid``, ``Hardtanh`` (``ReLU6``),
+      ``Hardsigmoid``, ``Softsign``, or given per module name with ``saturation_bounds={regex: (low, high)}``.
+    - ``output_norms``: per-sample ``||y_i||_2`` (``/ sqrt(d)`` with ``normalize_output_norms``),
+      ``activations/<module>/sample_norm``: reductions and a histogram over the batch.
+    - ``grad_norms``: per-sample ``||dL/dy_i||_2`` and ``||dL/dx_i||_2`` through the module
+      (TorchExplorer's io_grad), ``activation_gradients/<module>/sample_norm`` and
+      ``input_gradients/<module>.<input>/sample_norm``. Eager calls only: inside a compiled graph
+      they would need a tensor hook, which breaks the graph, so they are left out there.
+
+    >>> DynamicsConfig(distance_from_init=True, channel_last={r"conv": False}).cosines
+    True
+    """
+
+    parameters: bool = True
+    cosines: bool = True
+    distance_from_init: bool = False
+    init_on_cpu: bool = False
+    units: bool = True
+    active_threshold: float = 0.0
+    saturation: bool = True
+    saturation_threshold: float = 0.99
+    saturation_bounds: Mapping[str, tuple[float, float]] | None = None
+    output_norms: bool = True
+    normalize_output_norms: bool = False
+    grad_norms: bool = True
+    channel_last: bool | Mapping[str, bool] | None = None
+
+    def __post_init__(self) -> None:
+        for flag in ("parameters", "cosines", "distance_from_init", "init_on_cpu", "units", "saturation",
+                     "output_norms", "normalize_output_norms", "grad_norms"):
+            if not isinstance(getattr(self, flag), bool):
+                raise expected(flag, "a bool", getattr(self, flag))
+        if isinstance(self.active_threshold, bool) or not isinstance(self.active_threshold, (int, float)) or not (
+            0.0 <= self.active_threshold < float("inf")
+        ):
+            raise expected("active_threshold", "a finite float >= 0 (|y| above it is active)", self.active_threshold)
+        if isinstance(self.saturation_threshold, bool) or not isinstance(self.saturation_threshold, (int, float)) or not (
+            0.0 < self.saturation_threshold <= 1.0
+        ):
+            raise expected("saturation_threshold", "a float in (0, 1]", self.saturation_threshold)
+        if self.saturation_bounds is not None:
+            bounds = _regex_mapping("saturation_bounds", self.saturation_bounds, "a dict {regex: (low, high)}")
+            for pattern, value in self.saturation_bounds.items():
+                try:
+                    low, high = (float(v) for v in value)
+                except (TypeError, ValueError):
+                    raise expected("saturation_bounds", "a dict {regex: (low, high)} with finite low < high", {pattern: value}) from None
+                if not (low < high) or abs(low) == float("inf") or abs(high) == float("inf"):
+                    raise expected("saturation_bounds", "a dict {regex: (low, high)} with finite low < high", {pattern: value})
+            object.__setattr__(self, "saturation_bounds", {p: tuple(float(v) for v in self.saturation_bounds[p]) for p in bounds})
+        if self.channel_last is not None and not isinstance(self.channel_last, bool):
+            _regex_mapping("channel_last", self.channel_last, "None, a bool or a dict {regex: bool}")
+            if not all(isinstance(v, bool) for v in self.channel_last.values()):
+                raise expected("channel_last", "None, a bool or a dict {regex: bool}", self.channel_last)
+            object.__setattr__(self, "channel_last", dict(self.channel_last))
+
+    @property
+    def module_statistics(self) -> bool:
+        """Whether any statistic of module outputs is recorded (module hooks on saved steps)."""
+        return self.units or self.saturation or self.output_norms or self.grad_norms
+
+    def __hash__(self) -> int:  # the dict fields are not hashable; configs are compared, rarely hashed
+        return hash(repr(self))
+
+
+def _regex_mapping(name: str, value: Any, what: str) -> list[str]:
+    import re
+
+    if not isinstance(value, Mapping):
+        raise expected(name, what, value)
+    for pattern in value:
+        if not isinstance(pattern, str):
+            raise expected(name, what, value)
+        try:
+            re.compile(pattern)
+        except re.error:
+            raise expected(name, f"{what} of valid regular expressions", value) from None
+    return list(value)

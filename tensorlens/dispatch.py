@@ -175,6 +175,8 @@ class _Channel:
             if not self._opened:
                 self._opened = True
                 self._open_failed = not self._call(lambda: self.backend.open(self._run), "open()")
+                if not self._open_failed and self._run.metadata:  # once, before the first record
+                    self._call(lambda: self.backend.write_metadata(dict(self._run.metadata)), "write_metadata()")
             if isinstance(item, Finding):
                 if not self._open_failed:
                     self._call(lambda item=item: self.backend.write_finding(item), "write_finding()")
@@ -262,7 +264,7 @@ class Dispatcher:
 
     def __init__(
         self, backends: Sequence[Backend], run: RunInfo, max_pending: int = 64,
-        build: Callable[[Any], StepRecord] | None = None, stall_timeout: float = STALL_TIMEOUT_S,
+        build: Callable[[Any], StepRecord | None] | None = None, stall_timeout: float = STALL_TIMEOUT_S,
     ) -> None:
         self._build = build
         self._channels = [_Channel(b, run, max_pending, stall_timeout) for b in backends]
@@ -320,6 +322,8 @@ class Dispatcher:
                 record = item if isinstance(item, StepRecord) or self._build is None else self._build(item)
             except Exception as err:  # a bug of ours must not take training down
                 warnings.warn(f"tensorlens: could not build a record: {type(err).__name__}: {err}", stacklevel=2)
+                continue
+            if record is None:  # nothing to record (an epoch that saved no step)
                 continue
             for channel in self._channels:
                 channel.submit(record)

@@ -12,6 +12,9 @@ class ModeKeys(str, enum.Enum):
     EVAL = "eval"
     PREDICT = "predict"
     GLOBAL = "global"
+    #: Epoch aggregates (``hook.end_epoch()``): ``mode_step`` is the epoch, ``step`` the optimizer
+    #: step at which the epoch ended. Never a mode to train in (``set_mode`` refuses it).
+    EPOCH = "epoch"
 
     def __str__(self) -> str:  # "train", not "ModeKeys.TRAIN", in keys and messages
         return self.value
@@ -32,3 +35,4 @@ TRAIN = ModeKeys.TRAIN
 EVAL = ModeKeys.EVAL
 PREDICT = ModeKeys.PREDICT
 GLOBAL = ModeKeys.GLOBAL
+EPOCH = ModeKeys.EPOCH

@@ -10,7 +10,7 @@ from torch import nn
 
 from tensorlens.backends.base import Backend
 from tensorlens.capture.hook import Hook
-from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig, expected
+from tensorlens.config import DynamicsConfig, HistogramConfig, ReductionConfig, SaveConfig, expected
 
 if TYPE_CHECKING:
     from tensorlens.rules.base import Rule
@@ -47,6 +47,8 @@ def watch(
     run_name: str | None = None,
     include_workers: str = "reduce",
     resume: str = "never",
+    dynamics: bool | DynamicsConfig = False,
+    epoch_statistics: Sequence[str] | str | None = None,
     scales: bool = False,
     rules: Sequence[Rule] | None = None,
 ) -> Hook:
@@ -60,6 +62,9 @@ def watch(
     ``scales=True`` records the forward and backward scale of every op at saved steps
     (``scales/fwd/<node>``, ``scales/bwd/<node>``; see :mod:`tensorlens.scales`).
     ``rules`` (:mod:`tensorlens.rules`) check every saved step: ``if hook.should_stop: break``.
+    ``dynamics=True`` (or a :class:`tl.DynamicsConfig`) adds training dynamics: update sizes and
+    ratios, gradient and update cosines, global norms, dead and saturated units, per-sample norms
+    (``docs/dynamics.md``). ``epoch_statistics`` chooses what ``hook.end_epoch()`` aggregates.
 
     >>> hook = watch(model)            # doctest: +SKIP
     >>> ...train...                    # doctest: +SKIP
@@ -79,10 +84,14 @@ def watch(
         save_interval = log_freq
     if isinstance(save_interval, bool) or not isinstance(save_interval, int) or save_interval < 1:
         raise expected("save_interval", "an integer >= 1", save_interval)
+    if not isinstance(dynamics, (bool, DynamicsConfig)):
+        raise expected("dynamics", "a bool or a tl.DynamicsConfig", dynamics)
     if collections is None:
         collections = list(_WANDB_LOG[log or "all"])
         if activations:
             collections.append("activations")
+    if dynamics is not False and "dynamics" not in collections:
+        collections = [*collections, "dynamics"]
     histogram_config = histogram_config_from(histograms)
     hook = Hook(
         out_dir=out_dir,
@@ -94,6 +103,8 @@ def watch(
         run_name=run_name,
         include_workers=include_workers,
         resume=resume,
+        dynamics_config=dynamics if isinstance(dynamics, DynamicsConfig) else None,
+        epoch_statistics=epoch_statistics,
         scales=scales,
         rules=rules,
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -29,6 +30,7 @@ def test_quick_run_returns_the_documented_structure(overhead, tmp_path):
     config = overhead.BenchConfig(
         models=["mlp"],
         variants=["tl_full_every_step", "tl_full_every_100"],  # baseline is always added
+        paths=["native", "torch"],  # each tensorlens variant on both paths, side by side
         steps=4,
         block=2,
         warmup=1,
@@ -43,7 +45,9 @@ def test_quick_run_returns_the_documented_structure(overhead, tmp_path):
     assert set(report) >= {"meta", "results", "targets", "skipped", "warnings"}
     assert report["meta"]["torch_threads"] == 1
     rows = {r["variant"]: r for r in report["results"]}
-    assert list(rows) == ["baseline", "tl_full_every_step", "tl_full_every_100"]
+    assert list(rows) == ["baseline", "tl_full_every_step", "tl_full_every_step[torch]", "tl_full_every_100",
+                          "tl_full_every_100[torch]"]
+    assert os.environ.get("TENSORLENS_NATIVE") is None  # the torch variants' switch does not leak
     for row in rows.values():
         assert row["model"] == "mlp" and row["steps"] == 4
         for key in ("mean_ms", "median_ms", "ratio_mean", "ratio_median"):

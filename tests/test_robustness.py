@@ -353,3 +353,17 @@ def test_the_reader_answers_plain_scalars_and_names_saved_steps(tmp_path) -> Non
             run.tensor("weights/weight").reduction_value(1, "l2")
         with pytest.raises(KeyError, match="holds statistics, not a plain value"):
             run.tensor("weights/weight").values()
+
+
+def test_abs_max_is_answered_from_min_and_max(tmp_path) -> None:
+    model = nn.Linear(3, 2)
+    with tl.watch(model, save_interval=1, out_dir=tmp_path / "run") as hook:
+        model(torch.randn(4, 3)).sum().backward()
+        torch.optim.SGD(model.parameters(), lr=0.1).step()
+    grad = None
+    with tl.open_run(hook.run_dir) as run:
+        view = run.tensor("weights/weight")
+        assert "abs_max" not in view.reduction_names()
+        low, high = view.reduction_value(0, "min"), view.reduction_value(0, "max")
+        grad = view.reduction_value(0, "max", abs=True)
+        assert grad == max(abs(low), abs(high)) == view.reduction_value(0, "linf")

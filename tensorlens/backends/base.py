@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from tensorlens._checks import expected
@@ -24,13 +24,22 @@ from tensorlens.records import StepRecord
 
 @dataclasses.dataclass(frozen=True)
 class RunInfo:
-    """What a backend learns when the hook opens it."""
+    """What a backend learns when the hook opens it.
+
+    ``metadata`` is the run's metadata (see :mod:`tensorlens.engine.metadata`), handed to
+    :meth:`Backend.write_metadata` once, right after :meth:`Backend.open`; empty when there is
+    none to send (a sync continuing a tracker run that has it already).
+    """
 
     run_name: str
     run_dir: str
     rank: int = 0
     world_size: int = 1
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: the watched module tree (:func:`tensorlens.capture.modules.describe_modules`), built when
+    #: called; the local store keeps it for the explorer
+    modules: Callable[[], list[dict[str, Any]]] | None = None
 
 
 class Backend:
@@ -76,6 +85,11 @@ class Backend:
     def open(self, run: RunInfo) -> None:  # noqa: B027 - optional hook
         """Called once, on the dispatcher's thread, before the first write."""
 
+    def write_metadata(self, metadata: Mapping[str, Any]) -> None:  # noqa: B027 - optional hook
+        """The run's metadata (configuration, model, versions, git commit: a nested dict of
+        plain values), once, after :meth:`open` and before the first :meth:`write`. Trackers keep
+        it as their run config or parameters. Default: ignore it."""
+
     def write(self, record: StepRecord) -> None:
         raise NotImplementedError
 
@@ -84,6 +98,12 @@ class Backend:
 
     def bind_findings(self, sink: Callable[[Finding], None]) -> None:  # noqa: B027 - optional hook
         """Called once by the dispatcher: where a backend that ``produces_findings`` sends them."""
+
+    def restore(self, item: StepRecord | Finding) -> None:  # noqa: B027 - optional hook
+        """A record or rule finding that this backend's destination holds already (``tensorlens
+        sync`` continuing a tracker run): rebuild what is derived across them (custom charts,
+        heatmaps, histogram files, finding counts) as if it had been written, without sending
+        it. Default: nothing."""
 
     def flush(self) -> None:  # noqa: B027
         """Make everything written so far durable or visible."""

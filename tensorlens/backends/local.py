@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from tensorlens.backends.base import Backend, RunInfo
 from tensorlens.findings import Finding
 from tensorlens.records import StepRecord
-from tensorlens.store.schema import store_filename
+from tensorlens.store.schema import METADATA_KEY, store_filename
 from tensorlens.store.writer import RunStoreWriter
 
 
@@ -22,16 +23,29 @@ class LocalBackend(Backend):
     critical: ClassVar[bool] = True
 
     def __init__(self) -> None:
+        self._run: RunInfo | None = None
         self._writer: RunStoreWriter | None = None
 
     def open(self, run: RunInfo) -> None:
         path = os.path.join(run.run_dir, store_filename(f"worker_{run.rank}", primary=run.rank == 0))
         meta = {"run_name": run.run_name, "world_size": str(run.world_size), "config": json.dumps(run.config, default=str)}
         self._writer = RunStoreWriter(path, meta)
+        self._run = run
 
     @property
     def path(self) -> str | None:
         return self._writer.path if self._writer else None
+
+    def write_metadata(self, metadata: Mapping[str, Any]) -> None:
+        """Kept as JSON under ``meta.metadata`` (:meth:`tensorlens.Run.metadata` reads it back)."""
+        assert self._writer is not None, "LocalBackend.write_metadata before open"
+        meta = {METADATA_KEY: json.dumps(dict(metadata), default=str)}
+        if self._run is not None and self._run.modules is not None:
+            try:  # the module tree for the explorer: a failure here costs only the tree
+                meta["modules"] = json.dumps(self._run.modules(), default=str)
+            except Exception:
+                pass
+        self._writer.write_meta(meta)
 
     def write(self, record: StepRecord) -> None:
         assert self._writer is not None, "LocalBackend.write before open"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from tensorlens.backends.base import Backend, RunInfo
 from tensorlens.records import StepRecord
@@ -22,10 +23,14 @@ class MemoryBackend(Backend):
     def __init__(self) -> None:
         self.records: list[StepRecord] = []
         self.run: RunInfo | None = None
+        self.metadata: dict[str, Any] | None = None
         self.closed = False
 
     def open(self, run: RunInfo) -> None:
         self.run = run
+
+    def write_metadata(self, metadata: Mapping[str, Any]) -> None:
+        self.metadata = dict(metadata)
 
     def write(self, record: StepRecord) -> None:
         self.records.append(record)

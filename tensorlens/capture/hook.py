@@ -63,6 +63,10 @@ class Hook(Recorder):
         resume: ``"never"`` (default: an existing run folder is an error; a derived run name
             moves on to ``-2``), ``"allow"`` or ``"must"`` continue a stored run, as in
             ``wandb.init``; see :mod:`tensorlens.store.runs`.
+        dynamics_config: what the ``dynamics`` collection records (a :class:`tl.DynamicsConfig`;
+            enable the collection with ``include_collections=[..., "dynamics"]``).
+        epoch_statistics: the statistics :meth:`end_epoch` aggregates: ``None`` (plain values,
+            ``l2`` and the dynamics), ``"all"``, or names such as ``["l2", "gradients/std"]``.
         collective_timeout: seconds tensorlens's own collectives may wait for the other ranks
             (default ``$TENSORLENS_COLLECTIVE_TIMEOUT`` or 60); a rank that stops taking part
             costs the others this once, then each records its own values, with one warning.
@@ -81,7 +85,7 @@ class Hook(Recorder):
         ):
             raise expected("scales_plot_interval", "None or an integer >= 1", scales_plot_interval)
         super().__init__(*args, **kwargs)
-        self._taps = ModuleTaps(self._untraced(self.capture), self.warn_once)
+        self._taps = ModuleTaps(self._untraced(self.capture), self.warn_once, _UntracedDynamics(self.dynamics, self._untraced))
         self.add_source(self._taps)
         self._scales: Any = None
         if scales:
@@ -274,6 +278,20 @@ class Hook(Recorder):
 
     def __enter__(self) -> Hook:
         return self
+
+
+class _UntracedDynamics:
+    """The recorder's :class:`~tensorlens.engine.dynamics.Dynamics` as module hooks see it: its
+    reductions are tensorlens's own ops, so per-op scale recording is paused around them."""
+
+    def __init__(self, dynamics: Any, untraced: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        self._dynamics = dynamics
+        self.add_output = untraced(dynamics.add_output)
+        self.add_grad_norms = untraced(dynamics.add_grad_norms)
+
+    @property
+    def config(self) -> Any:
+        return self._dynamics.config
 
 
 def _watch_targets(module: nn.Module) -> tuple[nn.Module, nn.Module]:

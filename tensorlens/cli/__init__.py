@@ -7,12 +7,13 @@
     tensorlens export RUN --format csv|parquet       tidy: step, mode, mode_step, worker, tensor, statistic, value
     tensorlens rules RUN [--rule SPEC ...] [--check]  run rules over a stored run
     tensorlens compare RUN_A RUN_B [--check]         where two runs diverge
+    tensorlens sync RUN --to wandb|mlflow|tensorboard replay a stored run into a tracker (again: only new steps)
     tensorlens wandb-install-chart --entity E        the W&B histogram-heatmap custom chart
     tensorlens --version                             (also: python -m tensorlens --version)
 
 It needs ``click`` (and uses ``tqdm`` for progress bars): ``pip install 'tensorlens[cli]'``.
 
-Adding a subcommand (``sync``...): write ``tensorlens/cli/<name>.py``
+Adding a subcommand: write ``tensorlens/cli/<name>.py``
 holding a ``click`` command called ``command`` (see ``show.py`` for the conventions: a docstring
 as help, errors raised as ordinary exceptions or ``click.ClickException``, output through
 ``click.echo``, tables through :mod:`tensorlens.cli.table`), then add one line to
@@ -37,6 +38,7 @@ COMMANDS: dict[str, str] = {
     "export": "tensorlens.cli.export",
     "rules": "tensorlens.cli.rules",
     "compare": "tensorlens.cli.compare",
+    "sync": "tensorlens.cli.sync",
     "wandb-install-chart": "tensorlens.cli.wandb_chart",
 }
 

@@ -60,6 +60,9 @@ class HostStatistics:
     rows: np.ndarray  # [N, len(PARTIALS)] float64
     histograms: dict[int, _HostHistogram]
     raw: dict[int, np.ndarray]
+    # named values derived on the device (training dynamics), copied with the rows
+    derived_names: tuple[tuple[str, str], ...] = ()
+    derived_values: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
 
     def without(self, indices: set[int]) -> HostStatistics:
         """These statistics without the jobs at ``indices`` (tensors that could not be summarised)."""
@@ -68,6 +71,7 @@ class HostStatistics:
         return HostStatistics(
             [self.jobs[i] for i in keep], self.rows[keep],
             {new[i]: h for i, h in self.histograms.items() if i in new}, {new[i]: r for i, r in self.raw.items() if i in new},
+            self.derived_names, self.derived_values,
         )
 
     @staticmethod
@@ -80,7 +84,11 @@ class HostStatistics:
             rows.append(part.rows)
             histograms.update({offset + i: h for i, h in part.histograms.items()})
             raw.update({offset + i: r for i, r in part.raw.items()})
-        return HostStatistics(jobs, np.concatenate(rows) if rows else np.zeros((0, len(PARTIALS))), histograms, raw)
+        return HostStatistics(
+            jobs, np.concatenate(rows) if rows else np.zeros((0, len(PARTIALS))), histograms, raw,
+            tuple(n for p in parts for n in p.derived_names),
+            np.concatenate([p.derived_values for p in parts]) if parts else np.zeros(0),
+        )
 
     def _edges(self) -> dict[int, np.ndarray]:
         """Exact edges of every histogram, found together per (bins, dtype)."""
@@ -123,6 +131,8 @@ class HostStatistics:
         quantile_names, quantile_values = self._quantiles(order, edges)
         if quantile_names:
             names, values = names + quantile_names, np.concatenate([values, quantile_values])
+        if self.derived_names:
+            names, values = names + self.derived_names, np.concatenate([values, self.derived_values])
         return _PackedPart(
             names, values,
             tuple((self.jobs[i].name, len(self.histograms[i].counts)) for i in order),

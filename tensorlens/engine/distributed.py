@@ -360,6 +360,36 @@ class CollectiveReducer:
         return out
 
 
+    def agree_sizes(self, sizes: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
+        """The union of every rank's ``(name, size)`` list, in one order shared by all ranks
+        (rank 0's first): the layout of a vector that is then summed with :meth:`sum`, such as
+        the per-unit activity counts of modules some rank may not have called. A name is kept
+        with the size its first holder gave it.
+
+        One 8-byte ``all_gather`` when every rank holds the same list; the lists themselves are
+        exchanged only when they differ.
+        """
+        listed = [(str(n), int(k)) for n, k in sizes]
+        return self._collective("agreeing on the dynamics' layout", lambda group: self._agree_sizes(listed, group), lambda: listed)
+
+    def _agree_sizes(self, listed: list[tuple[str, int]], group: Any) -> list[tuple[str, int]]:
+        digest = hashlib.blake2b(repr(listed).encode(), digest_size=8).digest()
+        mine = torch.tensor([int.from_bytes(digest, "little", signed=True)], dtype=torch.int64)
+        device = self._device(mine)
+        gathered = [torch.empty(1, dtype=torch.int64, device=device) for _ in range(self.world_size)]
+        dist.all_gather(gathered, mine.to(device), group=group)
+        digests = torch.cat(gathered).cpu()
+        if bool((digests == digests[0]).all()):
+            return listed
+        everyone: list[Any] = [None] * self.world_size
+        dist.all_gather_object(everyone, listed, group=group)
+        union: dict[str, int] = {}
+        for rank_sizes in everyone:
+            for name, size in rank_sizes:
+                union.setdefault(name, size)
+        return list(union.items())
+
+
 def _keys(specs: Sequence[_JobSpec]) -> list[tuple[str, int]]:
     """``(name, occurrence)``: a name seen twice in one step (rare) stays two jobs."""
     seen: dict[str, int] = {}

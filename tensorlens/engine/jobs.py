@@ -64,6 +64,28 @@ class ReducedPiece:
         return self
 
 
+@dataclasses.dataclass
+class DerivedScalars:
+    """Named numbers computed on the device from several tensors (training dynamics: ratios,
+    cosines, global norms, dead-unit fractions), copied to the host with the step's statistics.
+
+    ``values`` is float64 ``[len(names)]`` on the device; ``names`` are ``(tensor, stat)`` pairs.
+    """
+
+    names: tuple[tuple[str, str], ...]
+    values: torch.Tensor
+
+    @staticmethod
+    def concat(parts: list[DerivedScalars | None]) -> DerivedScalars | None:
+        found = [p for p in parts if p is not None and p.names]
+        if not found:
+            return None
+        if len(found) == 1:
+            return found[0]
+        device = found[0].values.device
+        return DerivedScalars(tuple(n for p in found for n in p.names), torch.cat([p.values.to(device) for p in found]))
+
+
 @dataclasses.dataclass(frozen=True)
 class ReducePlan:
     """What :func:`reduce_now` computes for the tensors of one module: decided once per module

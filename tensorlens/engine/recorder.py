@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -30,11 +31,14 @@ from tensorlens._runtime import compiling, distributed_rank
 from tensorlens.backends.base import Backend, RunInfo, active_run_name, resolve_backends
 from tensorlens.capture import summaries
 from tensorlens.collection import DEFAULT_KINDS, MODULE_KINDS, Collection, Kind
-from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig
+from tensorlens.config import DynamicsConfig, HistogramConfig, ReductionConfig, SaveConfig
 from tensorlens.dispatch import BackendStats, Dispatcher
 from tensorlens.engine import gather
 from tensorlens.engine.assemble import HostStatistics, PendingStep, build_record
-from tensorlens.engine.jobs import ReducedPiece, TensorJob, reduce_now
+from tensorlens.engine.dynamics import Dynamics
+from tensorlens.engine.epochs import EpochAggregator, EpochEnd, check_epoch_statistics
+from tensorlens.engine.jobs import DerivedScalars, ReducedPiece, TensorJob, reduce_now
+from tensorlens.engine.metadata import LazyMetadata, run_metadata
 from tensorlens.engine.pending import PendingCaptures
 from tensorlens.engine.plan import Planner
 from tensorlens.engine.plan_cache import ParameterJobs
@@ -112,6 +116,8 @@ class Recorder:
         include_workers: str = "reduce",
         max_pending_steps: int = 64,
         resume: str = "never",
+        dynamics_config: DynamicsConfig | None = None,
+        epoch_statistics: Iterable[str] | str | None = None,
         rules: Sequence[Rule] | None = None,
         collective_timeout: float | None = None,
     ) -> None:
@@ -130,6 +136,9 @@ class Recorder:
         if out_dir is not None and not isinstance(out_dir, (str, bytes)) and not hasattr(out_dir, "__fspath__"):
             raise expected("out_dir", "None or a path", out_dir)
         runs.check_resume(resume)
+        if dynamics_config is not None and not isinstance(dynamics_config, DynamicsConfig):
+            raise expected("dynamics_config", "None or a tl.DynamicsConfig", dynamics_config)
+        chosen_epoch_statistics = check_epoch_statistics(epoch_statistics)
         if collective_timeout is not None and (
             isinstance(collective_timeout, bool) or not isinstance(collective_timeout, (int, float)) or not collective_timeout > 0
         ):
@@ -162,8 +171,13 @@ class Recorder:
                 self._rules = runner
                 self._backends.append(runner)
         self.run_name, self.run_dir, self.resumed = self._run_location(out_dir, run_name, resume)
-        run = RunInfo(self.run_name, self.run_dir, self.rank, self.world_size, {"include_workers": include_workers})
-        self._dispatcher = Dispatcher(self._backends, run, max_pending=max_pending_steps, build=build_record)
+        run = RunInfo(
+            self.run_name, self.run_dir, self.rank, self.world_size, {"include_workers": include_workers},
+            metadata=_metadata_of(self), modules=self._describe_modules,
+        )
+        # epoch aggregates are taken from the records on the dispatcher thread (see engine/epochs.py)
+        self._epochs = EpochAggregator(chosen_epoch_statistics, build_record, self.worker)
+        self._dispatcher = Dispatcher(self._backends, run, max_pending=max_pending_steps, build=self._epochs.build)
 
         self.global_step = 0  # optimizer steps taken (Lightning's global_step)
         self._mode_steps = dict.fromkeys(ModeKeys, 0)
@@ -176,10 +190,16 @@ class Recorder:
         self._attached = False
         self._pending = PendingCaptures()
         self._mark: tuple[dict[object, int], ...] | None = None  # pending at the last begin_step
+        self._dynamics_mark: Any = None  # the dynamics' module captures at the last begin_step
         self._pre_step: tuple[HostStatistics, list[ScalarEntry]] | None = None
         self._update_snapshot: list[tuple[str, torch.Tensor, torch.Tensor]] = []
         self._engine = StepStatistics()
         self._parameter_job_cache = ParameterJobs()  # the jobs of the parameters, reused across steps
+        #: The bookkeeping of the ``dynamics`` collection (module taps feed it; see engine/dynamics.py).
+        self.dynamics = Dynamics(
+            dynamics_config or DynamicsConfig(), self.planner, self.warn_once, lambda: self._mode,
+            lambda: not (self._paused or self._closed),
+        )
         native.prepare()  # compile the CPU kernel off the training thread, before the first saved step
         self._warned: set[str] = set()
         self._closed = False
@@ -199,6 +219,9 @@ class Recorder:
             out_dir, run_name, active_run_name(self._backends), resume, self._store_file(), rank=self.rank,
             own_store=self.rank == 0 or self.include_workers == "all", share=share,
         )
+
+    def _describe_modules(self) -> list[dict[str, Any]]:
+        return [entry for source in self._sources if hasattr(source, "describe") for entry in source.describe()]
 
     def _store_file(self) -> str:
         return store_filename(f"worker_{self.rank}", primary=self.rank == 0)
@@ -266,6 +289,8 @@ class Recorder:
         ``module.training`` again."""
         self._check_open("set the mode")
         new = None if mode is None else ModeKeys.coerce(mode)
+        if new == ModeKeys.EPOCH:
+            raise expected("mode", "train, eval, predict or global (epoch records are made by end_epoch())", mode)
         if self._open_eval is not None and new != self._open_eval:
             self._close_eval_step()
         self._explicit_mode = new
@@ -412,6 +437,7 @@ class Recorder:
             self._close_eval_step()  # the next step begins: the previous eval step is complete
         self._mode = mode
         self._mark = self._pending.mark()
+        self._dynamics_mark = self.dynamics.mark()
         if mode in (ModeKeys.EVAL, ModeKeys.PREDICT):
             self._open_eval = mode
         module_collections = self.planner.with_kinds(self._saving(mode), MODULE_KINDS)
@@ -426,6 +452,9 @@ class Recorder:
         if self._mark is not None:
             self._pending.rollback(self._mark)
             self._mark = None
+        if self._dynamics_mark is not None:
+            self.dynamics.rollback(self._dynamics_mark)
+            self._dynamics_mark = None
 
     @guarded
     def end_step(self) -> None:
@@ -446,6 +475,7 @@ class Recorder:
         jobs = self._parameter_jobs(saving) + self._pending_jobs(saving, mode)
         host_scalars = self._optimizer_scalars(optimizer, saving) + self._source_scalars(saving)
         self._pre_step = (self._compute(jobs, saving), host_scalars)
+        self._dynamics_before_update(saving, mode)
         if self.planner.with_kinds(saving, (Kind.UPDATES,)):
             self._update_snapshot = [
                 (name, p, gather.local_piece(p)[0].detach().clone()) for name, p in self._parameters()
@@ -520,9 +550,11 @@ class Recorder:
         mode = self._mode
         parts = [host]
         saving = self._saving(mode)
+        # dynamics join the updates' part: with them alone a saved step makes one host copy
+        jobs, module_scalars = self._dynamics_of_modules(saving, mode)
+        derived = DerivedScalars.concat([module_scalars, self.dynamics.after_update(self._live_reducer(saving), self.rank)])
         # "reduce": on a saved step every rank computes, whatever it holds, so collectives match
-        if self._update_snapshot or self._pending.has_explicit(mode) or (self._reducer is not None and saving):
-            jobs = []
+        if self._update_snapshot or self._pending.has_explicit(mode) or (self._reducer is not None and saving) or derived is not None or jobs:
             for name, param, before in self._update_snapshot:
                 after, sharded = gather.local_piece(param)
                 delta = after.detach() - before
@@ -532,11 +564,13 @@ class Recorder:
             # save_tensor between prepare_step and step belongs to the step being closed
             # (Lightning: gradients after clipping, read once the optimizer has stepped)
             jobs += self._pending_jobs(saving, mode)
-            parts.append(self._compute(jobs, saving))
+            parts.append(self._compute(jobs, saving, derived))
+            if derived is not None:
+                self.dynamics.complete_nonfinite(parts[-1], self._live_reducer(saving), self.rank, self._to_host)
         self._submit(mode, self._mode_steps[mode], parts, host_scalars)
         self._advance(mode)
 
-    def _compute(self, jobs: list[TensorJob], saving: frozenset[str]) -> HostStatistics:
+    def _compute(self, jobs: list[TensorJob], saving: frozenset[str], derived: DerivedScalars | None = None) -> HostStatistics:
         """Statistics of one step's jobs; under ``include_workers="reduce"`` merged across ranks.
 
         Collectives are made only on steps that save something: ``saving`` is the same on every
@@ -544,10 +578,15 @@ class Recorder:
         ranks first agree on the union of their jobs, so a module called on one rank only, or a
         different number of times, cannot hang them.
         """
+        reducer = self._live_reducer(saving)
+        if reducer is None:
+            return self._engine.compute(jobs, None, warn=self.warn_once, derived=derived)
+        return self._engine.compute(reducer.agree_jobs(jobs), reducer, warn=self.warn_once, derived=derived)
+
+    def _live_reducer(self, saving: frozenset[str]) -> Any:
+        """The cross-rank reducer on a saved step while the process group lives, else ``None``."""
         reducer = self._reducer
-        if reducer is None or not saving or not getattr(reducer, "active", True):
-            return self._engine.compute(jobs, None, warn=self.warn_once)
-        return self._engine.compute(reducer.agree_jobs(jobs), reducer, warn=self.warn_once)
+        return reducer if reducer is not None and saving and getattr(reducer, "active", True) else None
 
     def _advance(self, mode: ModeKeys) -> None:
         self.global_step += 1
@@ -568,20 +607,75 @@ class Recorder:
         if mode is None:
             return
         saving = self._saving(mode)
-        jobs = self._pending_jobs(saving, mode)
-        if jobs or (self._reducer is not None and saving):  # "reduce": every rank, for the collectives
-            self._submit(mode, self._mode_steps[mode], [self._compute(jobs, saving)], [])
+        module_jobs, module_scalars = self._dynamics_of_modules(saving, mode)
+        jobs = self._pending_jobs(saving, mode) + module_jobs
+        if jobs or module_scalars is not None or (self._reducer is not None and saving):  # "reduce": every rank, for the collectives
+            self._submit(mode, self._mode_steps[mode], [self._compute(jobs, saving, module_scalars)], [])
         self._mode_steps[mode] += 1
         self._detach_sources()
 
     def _submit(self, mode: ModeKeys, mode_step: int, parts: list[HostStatistics], host_scalars: list[ScalarEntry]) -> None:
-        if not any(p.jobs for p in parts) and not host_scalars:
+        if not any(p.jobs or p.derived_names for p in parts) and not host_scalars:
             return
         if self.world_size > 1 and self.include_workers != "all" and self.rank != 0:
             return  # "reduce": every rank holds the same merged statistics, rank 0 records them
         self._dispatcher.submit(
             PendingStep(self.global_step, mode, mode_step, self.worker, time.time(), list(host_scalars), parts)
         )
+
+    # ------------------------------------------------------------------ training dynamics and epochs
+
+    def _dynamics_before_update(self, saving: frozenset[str], mode: ModeKeys) -> None:
+        """Read what the ``dynamics`` collection needs before the optimizer step: on a saved step
+        and on the step before one (the previous gradient and update for the cosines)."""
+        next_saves = (
+            self.planner.is_enabled(Kind.DYNAMICS)
+            and bool(self._saving_any_rank())
+            and self.planner.saves(Kind.DYNAMICS, mode, self._mode_steps[mode] + 1)
+        )
+        self.dynamics.before_update(self._parameters, self.global_step, Kind.DYNAMICS in saving, next_saves, gather.local_piece)
+
+    def _saving_any_rank(self) -> bool:
+        return not (self.world_size > 1 and self.include_workers == "one" and self.rank != 0)
+
+    def _dynamics_of_modules(self, saving: frozenset[str], mode: ModeKeys) -> tuple[list[TensorJob], DerivedScalars | None]:
+        """The module statistics of ``dynamics`` captured in ``mode`` (dead units, per-sample
+        norms); under ``include_workers="reduce"`` summed across ranks (a collective)."""
+        if Kind.DYNAMICS not in saving or not self.dynamics.config.module_statistics:
+            self.dynamics.drop_captures(mode)
+            return [], None
+        return self.dynamics.module_results(mode, self._live_reducer(saving))
+
+    def _to_host(self, tensor: torch.Tensor) -> Any:
+        self._engine.host_copies += 1  # a second, small copy: counted like the engine's NaN pass
+        return tensor.cpu().numpy()
+
+    def read_clipped_gradients(self) -> None:
+        """Read the gradients again after clipping, between :meth:`prepare_step` and :meth:`step`
+        (the Lightning callback does it with ``record_clipped_gradients``):
+        ``dynamics/global`` then also holds ``grad_norm_clipped``."""
+        self._check_open("read clipped gradients")
+        self.dynamics.read_clipped(self._parameters(), gather.local_piece)
+
+    def end_epoch(self, epoch: int | None = None) -> None:
+        """Close an epoch: record the mean, min, max and std of the chosen statistics
+        (``epoch_statistics``) across the train steps saved since the last ``end_epoch``, under
+        ``epochs/<collection>/<tensor>`` with statistics ``<stat>_mean``, ``<stat>_min``, ...,
+        in a record of mode ``epoch`` whose mode step is ``epoch`` (default: one more than the
+        last). Lightning's callback calls it at ``on_train_epoch_end``.
+
+        >>> hook.end_epoch()                                                            # doctest: +SKIP
+        >>> run.tensor("epochs/gradients/fc1.weight").reduction_value(step=0, name="l2_mean")  # doctest: +SKIP
+        """
+        self._check_open("end an epoch")
+        if epoch is None:
+            epoch = self._mode_steps[ModeKeys.EPOCH]
+        elif isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise expected("epoch", "None or an integer >= 0", epoch)
+        self._mode_steps[ModeKeys.EPOCH] = epoch + 1
+        if self.world_size > 1 and self.include_workers != "all" and self.rank != 0:
+            return  # as for steps: rank 0 records (the statistics it aggregates are the merged ones)
+        self._dispatcher.submit(EpochEnd(self.global_step, epoch, self.worker, time.time()))
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -635,6 +729,7 @@ class Recorder:
         self._closed = True
         self._detach_sources()
         self._pending.clear()
+        self.dynamics.release()
         summaries.deactivate(self)
         self._dispatcher.close()
         self._engine.release()
@@ -655,3 +750,15 @@ class Recorder:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(run_dir={self.run_dir!r}, step={self.global_step}, collections={self.enabled_collections()})"
+
+
+def _metadata_of(recorder: Recorder) -> LazyMetadata:
+    """The run's metadata, built when the first backend opens (the sources are known by then);
+    a weak reference, so the dispatcher's threads never keep a dropped recorder alive."""
+    ref = weakref.ref(recorder)
+
+    def build() -> dict[str, Any]:
+        found = ref()
+        return run_metadata(found, found._sources) if found is not None else {}
+
+    return LazyMetadata(build)

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from tensorlens.engine.assemble import HostStatistics, _HostHistogram
-from tensorlens.engine.jobs import ReducedPiece, TensorJob, WorkerReducer, reduce_now, reduce_plan
+from tensorlens.engine.jobs import DerivedScalars, ReducedPiece, TensorJob, WorkerReducer, reduce_now, reduce_plan
 from tensorlens.engine.step_plan import REDUCED, VALUES, HistogramGroup, StepPlan, plain_piece, signature
 from tensorlens.stats import native
 from tensorlens.stats.histogram import (
@@ -102,24 +102,29 @@ class StepStatistics:
     # ------------------------------------------------------------------ entry
 
     def compute(
-        self, jobs: Sequence[TensorJob], reducer: WorkerReducer | None = None, warn: Callable[[str], None] | None = None
+        self, jobs: Sequence[TensorJob], reducer: WorkerReducer | None = None, warn: Callable[[str], None] | None = None,
+        derived: DerivedScalars | None = None,
     ) -> HostStatistics:
-        """Statistics of ``jobs``. A tensor that cannot be summarised costs only itself: it is
-        left out of the result with one warning naming it (``warn``), never the step."""
+        """Statistics of ``jobs`` (and the ``derived`` values, in the same host copy). A tensor
+        that cannot be summarised costs only itself: it is left out of the result with one
+        warning naming it (``warn``), never the step."""
         jobs, failed, converted = self._isolate(jobs, warn)
         if reducer is not None:
             # every rank must make the same collectives: a failed job keeps its place with an
             # empty piece, then leaves the result
-            host = self._compute(jobs, reducer, converted)
+            host = self._compute(jobs, reducer, converted, derived=derived)
         else:
             try:
-                host = self._compute(jobs, None, converted)
+                host = self._compute(jobs, None, converted, derived=derived)
             except Exception:
                 if len(jobs) - len(failed) < 2:
                     raise
                 # a batched op failed on one tensor: find it, so the others are still recorded
                 kept = [i for i in range(len(jobs)) if i not in failed]
-                return self._one_by_one([jobs[i] for i in kept], [converted.get(i) for i in kept], warn)
+                host = self._one_by_one([jobs[i] for i in kept], [converted.get(i) for i in kept], warn)
+                if derived is not None:
+                    host.derived_names, host.derived_values = derived.names, self._to_host(derived.values)
+                return host
         return host.without(failed) if failed else host
 
     def _isolate(
@@ -161,10 +166,14 @@ class StepStatistics:
         return HostStatistics.concat(parts)
 
     def _compute(
-        self, jobs: list[TensorJob], reducer: WorkerReducer | None, converted: dict[int, torch.Tensor], keep_plan: bool = True
+        self, jobs: list[TensorJob], reducer: WorkerReducer | None, converted: dict[int, torch.Tensor], keep_plan: bool = True,
+        derived: DerivedScalars | None = None,
     ) -> HostStatistics:
         if not jobs:
-            return HostStatistics([], np.zeros((0, len(PARTIALS))), {}, {})
+            host = HostStatistics([], np.zeros((0, len(PARTIALS))), {}, {})
+            if derived is not None:
+                host.derived_names, host.derived_values = derived.names, self._to_host(derived.values)
+            return host
         flags = self._plain_flags if keep_plan and len(self._plain_flags) == len(jobs) else None
         sig = signature(jobs, flags)
         plan = self._plan if keep_plan else None
@@ -174,7 +183,7 @@ class StepStatistics:
             if keep_plan:
                 self._plan = plan
         with torch.no_grad():
-            return _Step(self, plan, jobs, reducer, converted).run()
+            return _Step(self, plan, jobs, reducer, converted).run(derived)
 
     # ------------------------------------------------------------------ values of unusual jobs
 
@@ -273,20 +282,23 @@ class _Step:
         values = self.values[i] if i in self.values else self._dense(i)
         return values if values.dim() == 1 else values.view(-1)
 
-    def run(self) -> HostStatistics:
+    def run(self, derived: DerivedScalars | None = None) -> HostStatistics:
         plan, jobs = self.plan, self.jobs
         rows = self._rows()
         if self.reducer is not None:
             rows = self.reducer.merge_rows(rows, plan.partitioned)
         flagged = self._nonfinite(rows)
         hists = [self._histograms(group, rows, flagged) for group in plan.groups]
-        host_rows, host_hists = self._copy(rows, hists)
+        host_rows, host_hists, host_derived = self._copy(rows, hists, derived.values if derived is not None else None)
         raw = {
             i: (job.raw if job.raw is not None else self._flat(i) if plan.kinds[i] != REDUCED else self.samples[i])
             .reshape(_shape_of(job)).cpu().numpy().copy()
             for i, job in enumerate(jobs) if job.save_raw
         }
-        return HostStatistics(plan.metas, host_rows, host_hists, raw)
+        host = HostStatistics(plan.metas, host_rows, host_hists, raw)
+        if derived is not None:
+            host.derived_names, host.derived_values = derived.names, host_derived
+        return host
 
     # ------------------------------------------------------------------ partial rows
 
@@ -476,16 +488,26 @@ class _Step:
 
     # ------------------------------------------------------------------ the one host copy
 
-    def _copy(self, rows: torch.Tensor, hists: list[_DeviceHistograms]) -> tuple[np.ndarray, _HostHistograms]:
-        """One device-to-host copy of ``rows`` and every histogram (on a CPU, the arrays as they are)."""
+    def _copy(
+        self, rows: torch.Tensor, hists: list[_DeviceHistograms], derived: torch.Tensor | None = None
+    ) -> tuple[np.ndarray, _HostHistograms, np.ndarray]:
+        """One device-to-host copy of ``rows``, every histogram and the ``derived`` values (on a
+        CPU, the arrays as they are)."""
         engine = self.engine
-        if self.cpu and not self.plan.sync_free and all(h.counts.device.type == "cpu" for h in hists):
+        if (
+            self.cpu and not self.plan.sync_free and all(h.counts.device.type == "cpu" for h in hists)
+            and (derived is None or derived.device.type == "cpu")
+        ):
             # .cpu() of a CPU tensor is the tensor itself: counted as the step's one copy all the same
-            return engine._to_host(rows), _HostHistograms([(h, h.counts.numpy(), h.extra.numpy()) for h in hists])
+            host_derived = derived.to(torch.float64).numpy().copy() if derived is not None else np.zeros(0)
+            return engine._to_host(rows), _HostHistograms([(h, h.counts.numpy(), h.extra.numpy()) for h in hists]), host_derived
         parts = [rows.reshape(-1).to(torch.float64)]
         for h in hists:
             parts += [h.counts.reshape(-1).to(torch.float64), h.extra.reshape(-1).to(torch.float64)]
+        if derived is not None:
+            parts.append(derived.to(device=rows.device, dtype=torch.float64).reshape(-1))
         flat = engine._to_host(torch.cat(parts))
+        host_derived = flat[len(flat) - derived.numel():].copy() if derived is not None else np.zeros(0)
         n_rows = rows.numel()
         host_rows = flat[:n_rows].reshape(rows.shape)
         offset, found = n_rows, []
@@ -495,7 +517,7 @@ class _Step:
             offset += groups * bins
             found.append((h, counts, flat[offset : offset + groups * 9].reshape(groups, 9)))
             offset += groups * 9
-        return host_rows, _HostHistograms(found)
+        return host_rows, _HostHistograms(found), host_derived
 
 
 class _HostHistograms(Mapping[int, _HostHistogram]):

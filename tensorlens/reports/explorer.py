@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from tensorlens.capture.modules import describe_modules
 from tensorlens.reports.blocks import histogram_heatmap_spec, line_spec
 from tensorlens.reports.data import LoadOptions, RunData, load_run
 from tensorlens.reports.page import esc, grid, render, rounded, table
@@ -32,30 +33,6 @@ PARAMETER_KINDS = ("weights", "biases", "gradients", "updates", "dynamics", "opt
 MODULE_KINDS = ("activations", "inputs", "activation_gradients")
 #: Statistics shown first in a module's table, in this order.
 STAT_ORDER = ("numel", "mean", "std", "min", "max", "l2", "l1", "linf", "abs_max", "nan_count", "inf_count", "zero_fraction")
-
-
-def describe_modules(model: Any, prefix: str = "") -> list[dict[str, Any]]:
-    """The ``modules`` meta entry for ``model`` (an ``nn.Module``): what the explorer shows when a
-    recorder stores it (``json.dumps(describe_modules(model))`` under the meta key ``modules``).
-
-    >>> import torch
-    >>> describe_modules(torch.nn.Sequential(torch.nn.Linear(2, 3)))[1]["extra_repr"]
-    'in_features=2, out_features=3, bias=True'
-    """
-    out = []
-    for name, module in model.named_modules():
-        full = f"{prefix}.{name}" if prefix and name else (prefix or name)
-        try:
-            extra = module.extra_repr()
-        except Exception:  # a user's extra_repr that fails must not stop the recording
-            extra = ""
-        out.append({
-            "name": full,
-            "type": type(module).__name__,
-            "extra_repr": extra,
-            "parameters": {n: list(p.shape) for n, p in module.named_parameters(recurse=False)},
-        })
-    return out
 
 
 def _split(tensor: str, modules: set[str]) -> tuple[str, str, str]:

@@ -11,6 +11,7 @@ as data.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import struct
@@ -23,7 +24,7 @@ from tensorlens.findings import Finding
 from tensorlens.modes import ModeKeys
 from tensorlens.records import StepRecord, TensorEntry
 from tensorlens.store.files import StepRow, StoreFile
-from tensorlens.store.schema import histogram_info, store_files
+from tensorlens.store.schema import METADATA_KEY, histogram_info, store_files
 from tensorlens.store.validate import (
     CorruptRunError,
     histogram_arrays,
@@ -139,6 +140,18 @@ class Run:
         keys = {StepKey(ModeKeys(s.mode), s.mode_step, s.worker, s.step) for _, s in self._all_steps()}
         return sorted(keys, key=lambda k: (k.step, _MODE_ORDER[k.mode.value], k.mode_step, k.worker))
 
+    def metadata(self) -> dict[str, Any]:
+        """The run's metadata as recorded when it started (configuration, model, versions, git
+        commit; see :mod:`tensorlens.engine.metadata`): the primary worker's, ``{}`` if none.
+
+        >>> run.metadata()["model"]["parameters"]   # doctest: +SKIP
+        1234
+        """
+        for f in self._files:
+            for _, value in f.checked("meta", "WHERE key = ?", (METADATA_KEY,)):
+                return json.loads(value)
+        return {}
+
     def workers(self) -> list[str]:
         return sorted({s.worker for _, s in self._all_steps()})
 
@@ -243,16 +256,26 @@ class Run:
 
 
 class TensorView:
-    """One tensor's series of statistics, histograms and raw values."""
+    """One tensor's series of statistics, histograms and raw values.
+
+    Epoch aggregates (``epochs/...``, recorded by ``hook.end_epoch()``) are read by epoch:
+    ``run.tensor("epochs/gradients/fc1.weight").reduction_value(step=3, name="l2_mean")`` is
+    epoch 3 (their records have mode ``epoch`` and the epoch as mode step).
+    """
 
     def __init__(self, run: Run, name: str) -> None:
         self.run = run
         self.name = name
+        self._default_mode = ModeKeys.EPOCH if name.startswith(f"{EPOCHS_COLLECTION}/") else None
+
+    def _mode(self, mode: ModeKeys | str | None) -> ModeKeys | str | None:
+        return self._default_mode if mode is None else mode
 
     def __repr__(self) -> str:
         return f"TensorView({self.name!r})"
 
     def steps(self, mode: ModeKeys | str | None = None) -> list[int]:
+        mode = self._mode(mode)
         found = set()
         for table in ("scalars", "histograms"):
             for f, s, row in self.run._rows(table, None, mode, None):
@@ -290,9 +313,11 @@ class TensorView:
 
         A plain scalar (a loss, ``save_scalar``) answers ``mean``, ``min``, ``max``, ``sum``,
         ``median`` and ``prod`` with its value (the statistics of one number), and the norms and
-        ``abs_*`` with ``|value|``.
+        ``abs_*`` with ``|value|``. ``abs_max`` (= ``linf``) comes from ``min`` and ``max`` when it
+        was not recorded itself.
         """
         stat = f"abs_{name}" if abs and not name.startswith("abs_") else name
+        mode = self._mode(mode)
         base = stat.removeprefix("abs_")
         of_one_number = bool(stat) and (base in _OF_ONE_NUMBER or base in _NORMS_OF_ONE_NUMBER)
         plain = None
@@ -303,6 +328,11 @@ class TensorView:
                 plain = value
         if plain is not None:  # `abs` is an argument here
             return math.fabs(plain) if stat.startswith("abs_") or base in _NORMS_OF_ONE_NUMBER else plain
+        if stat in _FROM_MIN_AND_MAX:  # max |x| is max(|min|, |max|), and every tensor has both
+            bounds = [next((v for _, v, p in self._values(step, b, mode, worker) if not p), None) for b in ("min", "max")]
+            if None not in bounds:
+                low, high = bounds
+                return math.nan if math.isnan(low) or math.isnan(high) else max(math.fabs(low), math.fabs(high))
         raise TensorNotFound(self._missing(stat, step, mode))
 
     def _missing(self, stat: str, step: int, mode: ModeKeys | str | None) -> str:
@@ -319,6 +349,7 @@ class TensorView:
     def reduction_values(self, name: str, abs: bool = False, mode: ModeKeys | str | None = None, worker: str | None = None) -> dict[int, float]:
         """``{step: value}`` of one statistic over the whole run."""
         stat = f"abs_{name}" if abs and not name.startswith("abs_") else name
+        mode = self._mode(mode)
         out = {s.step if mode is None else s.mode_step: value for s, value, _ in self._values(None, stat, mode, worker)}
         return dict(sorted(out.items()))
 
@@ -342,7 +373,7 @@ class TensorView:
         return counts, edges
 
     def histogram_with_info(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-        for f, s, row in self.run._rows("histograms", step, mode, worker):
+        for f, s, row in self.run._rows("histograms", step, self._mode(mode), worker):
             layout = f.row_layout("histograms", row)
             found = layout.histogram_index.get(self.name)
             if found is not None:
@@ -356,9 +387,13 @@ class TensorView:
         raise TensorNotFound(f"no histogram of {self.name!r} at step {step}")
 
 
+#: The collection of epoch aggregates (:mod:`tensorlens.engine.epochs`), read by epoch.
+EPOCHS_COLLECTION = "epochs"
 #: Statistics a plain scalar answers with its own value (the statistics of one number).
 _OF_ONE_NUMBER = frozenset({"mean", "min", "max", "sum", "median", "prod"})
 _NORMS_OF_ONE_NUMBER = frozenset({"l1", "l2", "linf"})
+#: Statistics the reader derives exactly from a tensor's min and max when they were not recorded.
+_FROM_MIN_AND_MAX = frozenset({"abs_max", "linf", "abs_linf"})
 
 
 def open_run(path: str) -> Run:

@@ -19,6 +19,8 @@ tells a damaged row from data (SQLite keeps no checksums of its own), and a step
 ``steps`` counts its rows in ``scalars``, ``histograms`` and ``tensors``, so a missing row is
 noticed too. Readers go through
 :mod:`tensorlens.store.reader`, which checks every row (:mod:`tensorlens.store.validate`).
+``tensorlens sync`` adds two tables of its own to the primary file (what it sent where, see
+:mod:`tensorlens.sync.state`); the run metadata is the ``meta`` key ``metadata`` (JSON).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from tensorlens.store.errors import CorruptRunError
 # 4: a ``crc`` column on every table and row counts in ``steps``, so that damaged or missing rows
 #    are refused instead of read as data.
 SCHEMA_VERSION = "4"
+#: The ``meta`` key holding the run's metadata as JSON (see :mod:`tensorlens.engine.metadata`).
+METADATA_KEY = "metadata"
 FILE_PATTERN = re.compile(r"^tensorlens(-[\w.\-]+)?\.sqlite$")
 
 _SCHEMA = """

@@ -42,6 +42,11 @@ class RunStoreWriter:
         self._shapes: dict[str, tuple[int, ...]] = {}  # written already: rewriting dirties pages
         self._layout_rows = layouts
 
+    def write_meta(self, values: dict[str, str]) -> None:
+        """Set keys of the ``meta`` table (one transaction)."""
+        with self._db:
+            self._db.executemany(insert("meta"), [with_checksum(key, value) for key, value in values.items()])
+
     def _layout(self, kind: str, names: tuple[object, ...], new: dict[tuple[str, tuple[object, ...]], int]) -> int:
         """The id of a layout (written in the current transaction when new)."""
         key = (kind, names)

@@ -462,7 +462,7 @@ def test_wandb_logger_offline(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) ->
 
     assert sorted(b.name for b in callback.hook.backends) == ["local", "wandb"]
     stats = callback.hook.backend_stats()["wandb"]
-    assert (stats.written, stats.failed, stats.dropped) == (2, 0, 0)
+    assert (stats.written, stats.failed, stats.dropped) == (3, 0, 0)  # steps 0 and 2, then the epoch's aggregates
     assert os.path.basename(callback.hook.run_dir) == f"tensorlens-lightning-{run_id}"
     sys.path.insert(0, HERE)
     try:
@@ -507,14 +507,16 @@ def test_ddp_only_rank_zero_writes_trackers(tmp_path: Any) -> None:
     assert ranks[0]["run_dir"] == ranks[1]["run_dir"]  # one run folder, chosen on rank 0
     assert ranks[0]["global_step"] == ranks[1]["global_step"] == 4
     # accumulate_grad_batches=2 over 2 batches per rank and epoch: one optimizer step per epoch,
-    # so 4 epochs, each followed by validation: 4 train + 4 eval records
-    assert ranks[0]["stats"]["tensorboard"] == {"written": 8, "failed": 0, "dropped": 0, "abandoned": 0, "produced": 8}
+    # so 4 epochs, each followed by validation: 4 train + 4 eval records, and 4 epoch aggregates
+    # (on_train_epoch_end)
+    assert ranks[0]["stats"]["tensorboard"] == {"written": 12, "failed": 0, "dropped": 0, "abandoned": 0, "produced": 12}
     events = [f for _, _, files in os.walk(tmp_path / "tb") for f in files if f.startswith("events.out.tfevents")]
     assert len(events) == 1  # one writer, rank 0's
 
     run = tl.open_run(ranks[0]["run_dir"])
     assert run.workers() == ["reduced"]
     assert run.steps(mode="train") == [0, 1, 2, 3]
+    assert run.steps(mode="epoch") == [0, 1, 2, 3]
     grad = run.tensor("gradients/layer.weight")
     # DDP gradients are all-reduced, the same on both ranks: merging must not count them twice
     assert grad.reduction_value(step=0, name="numel") == 6

@@ -250,6 +250,18 @@ def test_describe_modules_matches_the_model() -> None:
     json.dumps(described)  # storable as the meta entry as it is
 
 
+def test_the_recorder_stores_the_module_tree_the_explorer_shows(tmp_path) -> None:
+    encoder, head = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.ReLU()), torch.nn.Linear(5, 2)
+    hook = tl.watch({"encoder": encoder, "head": head}, save_interval=1, out_dir=tmp_path / "run")
+    head(encoder(torch.randn(2, 3))).sum().backward()
+    torch.optim.SGD([*encoder.parameters(), *head.parameters()], lr=0.1).step()
+    hook.close()
+    with tl.open_run(hook.run_dir) as run:
+        stored = json.loads(run.meta["modules"])
+    assert stored == describe_modules(encoder, "encoder") + describe_modules(head, "head")
+    assert load_run(hook.run_dir).modules() == stored
+
+
 def test_benchmark_runs_end_to_end(tmp_path) -> None:
     """benchmarks/report.py in its quickest form (no timing asserted)."""
     import importlib.util

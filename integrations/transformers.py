@@ -1,0 +1,457 @@
+"""The Hugging Face ``transformers.Trainer`` callback (``pip install 'tensorlens[transformers]'``).
+
+>>> from tensorlens.integrations.transformers import TensorLensCallback                       # doctest: +SKIP
+>>> trainer = Trainer(model, args, train_dataset=ds, callbacks=[TensorLensCallback(save_interval=50)])  # doctest: +SKIP
+
+The callback is a thin driver of a :class:`tensorlens.Recorder` and of the module taps that read
+the model's parameters and capture its activations; it sends to the trackers of the Trainer's
+``report_to`` (the active W&B run, the active MLflow run, TensorBoard's logging folder) and to
+the local run store (``<output_dir>/tensorlens_runs/<run>``). No statistic is computed here.
+
+Steps: the record of an optimizer step carries the ``global_step`` the Trainer reaches with it
+(1 for the first step), the step at which the Trainer logs that step's loss; records of an
+evaluation carry the ``global_step`` at which it runs. So tensorlens' charts and the Trainer's
+share their x axis (``train/global_step`` in W&B).
+
+Where the Trainer (transformers 5.x) lets it in, for one optimizer step of ``n`` micro-batches:
+
+- ``on_step_begin`` (before the first micro-batch): ``recorder.begin_step()``; on saved steps
+  the activation hooks are attached for every micro-batch;
+- the end of the last micro-batch's backward pass: weights and gradients are read, accumulated
+  over the micro-batches, averaged across DDP ranks, and *not yet clipped*. The Trainer clips
+  before it calls ``on_pre_optimizer_step``, so no callback event sees them unclipped: a gradient
+  hook (attached on saved steps only) queues an autograd callback that runs when the backward
+  pass is complete, after DDP's own (see :meth:`TensorLensCallback._gradients_ready`);
+- ``on_pre_optimizer_step``: with ``record_clipped_gradients=True``, the gradients as the
+  optimizer will use them, clipped, as the collection ``gradients_clipped``. Without clipping
+  (``max_grad_norm=0``), and under fp16 mixed precision (whose gradients are unscaled only
+  inside the clipping), gradients are read here;
+- ``on_optimizer_step``: ``recorder.step()`` (updates are taken after the optimizer).
+- evaluation and prediction during ``train()`` (mode ``eval``): each batch is one eval step,
+  begun by the model's forward in eval mode and ended by ``on_prediction_step``.
+
+The loss is not recorded here: the Trainer logs it to the same trackers itself (a model's
+loss per micro-batch is a share of the step's loss or its mean, depending on how the Trainer
+normalizes it, which a callback cannot see). ``tl.summarize_scalar`` inside ``forward`` works.
+"""
+
+from __future__ import annotations
+
+import atexit
+import glob
+import math
+import os
+import sys
+import warnings
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from tensorlens._runtime import compiling, in_backward
+from tensorlens.backends.base import Backend, active_run_name
+from tensorlens.backends.optional import import_optional
+from tensorlens.capture.modules import ModuleTaps
+from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig
+from tensorlens.engine.dynamics import DynamicsConfig
+from tensorlens.engine.recorder import Recorder
+from tensorlens.integrations._callback_options import BackendSpec, CallbackOptions
+from tensorlens.modes import ModeKeys
+from tensorlens.store.runs import DEFAULT_RUNS_DIR, default_run_name, folder_name
+
+transformers = import_optional("transformers", "transformers", "tensorlens.integrations.transformers")
+if not hasattr(transformers.TrainerCallback, "on_pre_optimizer_step"):  # the step boundary it needs
+    raise ImportError(
+        f"tensorlens.integrations.transformers needs a transformers Trainer with the on_pre_optimizer_step "
+        f"callback event, which transformers {transformers.__version__} lacks: pip install -U 'tensorlens[transformers]'"
+    )
+
+__all__ = ["CLIPPED_GRADIENTS", "REPORT_TO", "TensorLensCallback"]
+
+#: ``backends="report_to"``: a backend for each tracker of ``TrainingArguments.report_to``.
+REPORT_TO = "report_to"
+#: The collection that ``record_clipped_gradients=True`` writes: ``gradients_clipped/<param>/<stat>``.
+CLIPPED_GRADIENTS = "gradients_clipped"
+#: The step key of every row the Trainer's ``WandbCallback`` logs (its x axis for ``*``).
+WANDB_STEP_KEY = "train/global_step"
+#: An event file written this long before training began is not the TensorBoardCallback's.
+_TENSORBOARD_FRESH_S = 120.0
+
+
+class TensorLensCallback(transformers.TrainerCallback):
+    """Records exact statistics of the model's tensors while a Hugging Face ``Trainer`` trains.
+
+    >>> trainer = Trainer(model, args, train_dataset=ds, callbacks=[TensorLensCallback(save_interval=50)])  # doctest: +SKIP
+
+    Args:
+        save_interval: record every ``save_interval``-th optimizer step (``global_step``), and
+            every ``save_interval``-th evaluation batch.
+        collections: collection names to record (as in :func:`tensorlens.watch`); default
+            ``weights biases gradients losses summaries scalars`` (+ ``activations``).
+        activations: also record module outputs (hooks attached on saved steps only).
+        histograms: ``True`` (64 bins), ``False``, or a :class:`tensorlens.HistogramConfig`.
+        reductions: a :class:`tensorlens.ReductionConfig`; default ``min max mean std l2``.
+        include_workers: under DDP: ``"reduce"`` (statistics merged across ranks), ``"one"``
+            (rank 0's only) or ``"all"`` (every rank on its own, each to its local store file).
+        record_clipped_gradients: also record the gradients after the Trainer's clipping
+            (``max_grad_norm``), as the collection ``gradients_clipped``.
+        backends: ``"report_to"``: the trackers of ``args.report_to`` that tensorlens can write
+            to (``wandb``, ``mlflow``, ``tensorboard``) plus the local store. Or a list of backend
+            names, ``Backend`` classes or instances, which may contain ``"report_to"``.
+        out_dir: the run store folder; default ``<output_dir>/tensorlens_runs/<run name>``.
+        save_config: a :class:`tensorlens.SaveConfig`, instead of ``save_interval``.
+        include_regex: extra parameter/module name patterns, recorded as the ``custom`` collection.
+        run_name: the run's name; default: the active W&B / MLflow run's, else the time.
+        resume: ``"never"`` (default), ``"allow"`` or ``"must"``, as in :class:`tensorlens.Hook`.
+            A second ``trainer.train()`` with the same callback continues its run folder.
+        dynamics: ``True`` or a :class:`tensorlens.DynamicsConfig`: also record training dynamics
+            (``grad_norm_clipped`` too with ``record_clipped_gradients``; docs/dynamics.md).
+        epoch_statistics: what is aggregated per epoch at ``on_epoch_end`` (see
+            :meth:`tensorlens.Recorder.end_epoch`).
+        rules: :mod:`tensorlens.rules` checked on every saved step in the background; a rule with
+            ``action="stop"`` sets ``control.should_training_stop``.
+
+    Evaluation outside ``trainer.train()`` (``trainer.evaluate()`` on its own) is not recorded.
+    Unsupported (fails in ``on_train_begin``): DeepSpeed and FSDP version 1, whose gradients are
+    not in ``param.grad``.
+    """
+
+    def __init__(
+        self,
+        save_interval: int = 100,
+        collections: Sequence[str] | None = None,
+        activations: bool = False,
+        histograms: bool | HistogramConfig = True,
+        reductions: ReductionConfig | None = None,
+        include_workers: str = "reduce",
+        record_clipped_gradients: bool = False,
+        backends: str | Sequence[BackendSpec] = REPORT_TO,
+        out_dir: str | os.PathLike[str] | None = None,
+        save_config: SaveConfig | None = None,
+        include_regex: Sequence[str] | str | None = None,
+        run_name: str | None = None,
+        resume: str = "never",
+        dynamics: bool | DynamicsConfig = False,
+        epoch_statistics: Sequence[str] | str | None = None,
+        rules: Sequence[Any] | None = None,
+    ) -> None:
+        self.options = CallbackOptions.check(
+            trackers=REPORT_TO, save_interval=save_interval, collections=collections, activations=activations,
+            histograms=histograms, reductions=reductions, include_workers=include_workers,
+            record_clipped_gradients=record_clipped_gradients, backends=backends, out_dir=out_dir,
+            save_config=save_config, include_regex=include_regex, run_name=run_name, resume=resume,
+            dynamics=dynamics, epoch_statistics=epoch_statistics, rules=rules,
+        )
+        #: The :class:`tensorlens.Recorder` of the current ``train()``, or of the last one once it ended.
+        self.recorder: Recorder | None = None
+        self._state: Any = None  # the Trainer's TrainerState (one object for the Trainer's life)
+        self._optimizer: Any = None
+        self._gradient_state: Any = None  # accelerate's: which micro-batch synchronizes gradients
+        self._root_handles: list[Any] = []
+        self._trigger: Any = None  # the gradient hook that finds the end of the last backward pass
+        self._queued = False
+        self._prepared = False  # weights and gradients of the current step were read
+        self._before_clipping = False  # read them at the end of the backward pass
+        self._clipping = False
+        self._eval_open = False
+        self._mode_steps: dict[str, int] = {}
+        self._runs_started = 0
+        self._atexit: Any = None
+        self._warned: set[str] = set()
+
+    # ------------------------------------------------------------------ training: begin and end
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: nn.Module | None = None,
+                       optimizer: Any = None, **kwargs: Any) -> None:
+        _check_supported(args)
+        self._close()  # a train() that ended without on_train_end
+        if model is None:
+            raise RuntimeError("TensorLensCallback: the Trainer passed no model to on_train_begin")
+        self._state, self._optimizer = state, optimizer
+        from accelerate.state import GradientState  # the Trainer needs accelerate: it is there
+
+        self._gradient_state = GradientState()
+        self._clipping = bool(args.max_grad_norm) and args.max_grad_norm > 0
+        scaler = getattr(optimizer, "scaler", None)
+        fp16_scaling = scaler is not None and bool(getattr(scaler, "is_enabled", lambda: True)())
+        self._before_clipping = self._clipping and not fp16_scaling
+        if self._clipping and fp16_scaling:
+            self._warn_once(
+                "fp16", "fp16 mixed precision: the GradScaler unscales gradients inside the Trainer's clipping, so "
+                "`gradients` are read after clipping (max_grad_norm); bf16 or max_grad_norm=0 give them unclipped",
+            )
+        self.recorder = self._start(args, state, model)
+
+    def _start(self, args: Any, state: Any, model: nn.Module) -> Recorder:
+        options = self.options
+        run_name = options.run_name or active_run_name() or default_run_name()
+        out_dir = options.out_dir or os.path.join(args.output_dir, DEFAULT_RUNS_DIR, folder_name(run_name))
+        backends: list[BackendSpec] = []
+        for spec in options.backends:
+            if spec == REPORT_TO:
+                # trackers are rank 0's: the Trainer's own callbacks start their runs there only
+                backends += self._report_to_backends(args) if state.is_world_process_zero else []
+            else:
+                backends.append(spec)
+        resume = "allow" if self._runs_started and options.resume == "never" else options.resume
+        recorder = Recorder(out_dir=out_dir, backends=backends or ["local"], run_name=run_name, resume=resume,
+                            **options.recorder_kwargs())
+        self._runs_started += 1
+        try:
+            taps = ModuleTaps(recorder.capture, recorder.warn_once, recorder.dynamics)
+            taps.add_root(_unwrapped(model))
+            recorder.add_source(taps)
+            recorder.set_step(state.global_step, self._mode_steps)
+            ref = weakref.ref(self)  # hooks and atexit must not keep the callback alive
+            root = _unwrapped(model)
+            self._root_handles = [root.register_forward_pre_hook(lambda m, a: _call(ref, "_root_forward_pre", m))]
+            self._atexit = lambda: _call(ref, "_close")
+            atexit.register(self._atexit)
+        except Exception:
+            recorder.close()
+            raise
+        return recorder
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Flush and close the recorder, so the trackers have every record before the run ends."""
+        self._close()
+
+    # ------------------------------------------------------------------ training: one optimizer step
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, model: nn.Module | None = None, **kwargs: Any) -> None:
+        recorder = self._live()
+        if recorder is None:
+            return
+        self._eval_open = False  # an evaluation's last step is closed by begin_step
+        if recorder.global_step != state.global_step + 1:  # this step's number: what the Trainer reaches with it
+            recorder.set_step(state.global_step + 1)
+        recorder.begin_step(ModeKeys.TRAIN)
+        self._prepared = False
+        if self._before_clipping and model is not None and any(
+            recorder.will_save(c, ModeKeys.TRAIN) for c in recorder.enabled_collections()
+        ):
+            self._arm(model)
+
+    def _arm(self, model: nn.Module) -> None:
+        """A hook that fires once in every backward pass of this step; the last micro-batch's
+        queues :meth:`_gradients_ready` for when that backward pass is complete."""
+        parameters = [p for p in model.parameters() if p.requires_grad]
+        if not parameters:
+            return
+        self._queued = False
+        ref = weakref.ref(self)
+        self._trigger = torch.autograd.graph.register_multi_grad_hook(
+            parameters, lambda grad: _call(ref, "_backward_running"), mode="any"
+        )
+
+    def _backward_running(self) -> None:
+        if self._queued or not getattr(self._gradient_state, "sync_gradients", True):
+            return  # a micro-batch that only accumulates (under DDP: no all-reduce either)
+        self._queued = True
+        engine = torch.autograd.Variable._execution_engine
+        ref = weakref.ref(self)
+        # Autograd runs the callbacks queued during a backward pass when it is complete, in order;
+        # DDP queues its own (which waits for the all-reduce and writes the averaged .grad) when
+        # the last gradient is ready, after this one. Queued again from within a callback, ours
+        # runs after every callback queued during the pass: DDP's included.
+        engine.queue_callback(lambda: engine.queue_callback(lambda: _call(ref, "_gradients_ready")))
+
+    def _gradients_ready(self) -> None:
+        """Read weights and gradients: accumulated, averaged across ranks, not clipped yet."""
+        recorder = self._live()
+        if recorder is not None and not self._prepared:
+            self._prepared = True
+            recorder.prepare_step(self._optimizer)  # guarded: never raises into the backward pass
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, model: nn.Module | None = None,
+                              optimizer: Any = None, **kwargs: Any) -> None:
+        recorder = self._live()
+        self._disarm()
+        if recorder is None:
+            return
+        if not self._prepared:  # not a saved step, no clipping, or fp16
+            self._prepared = True
+            recorder.prepare_step(optimizer)
+        if self.options.record_clipped_gradients and self._clipping and model is not None and recorder.will_save("gradients"):
+            self._save_clipped_gradients(recorder, _unwrapped(model))
+        if self.options.record_clipped_gradients and self._clipping and recorder.will_save("dynamics"):
+            recorder.read_clipped_gradients()  # dynamics/global grad_norm_clipped
+
+    def _save_clipped_gradients(self, recorder: Recorder, model: nn.Module) -> None:
+        """The gradients the optimizer is about to use: after the Trainer's clipping."""
+        gradients = recorder.collections["gradients"]
+        seen: set[int] = set()
+        for name, param in model.named_parameters():
+            if id(param) in seen or param.grad is None or not gradients.matches("gradients", name):
+                continue
+            seen.add(id(param))
+            recorder.save_tensor(name, param.grad, CLIPPED_GRADIENTS)
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        recorder = self._live()
+        if recorder is not None:
+            recorder.step()  # also takes the rules' actions: a "raise" leaves through the Trainer
+            self._prepared = False
+            if recorder.should_stop:  # a rule with action="stop" fired
+                control.should_training_stop = True
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        recorder = self._live()
+        if recorder is not None and state.epoch is not None:
+            # the Trainer's epoch is a float that reaches n at the end of epoch n - 1
+            recorder.end_epoch(max(0, math.ceil(state.epoch) - 1))
+
+    # ------------------------------------------------------------------ evaluation during train()
+
+    def _root_forward_pre(self, module: nn.Module) -> None:
+        recorder = self._live()
+        if recorder is None or module.training or self._eval_open or compiling() or in_backward():
+            return
+        # the first forward of an evaluation batch (generate() calls it many times: one step still)
+        if self._state is not None:
+            recorder.set_step(self._state.global_step)
+        recorder.begin_step(ModeKeys.EVAL)
+        self._eval_open = True
+
+    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._end_eval_step()
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._live() is None:
+            self._warn_once("evaluate", "trainer.evaluate() outside trainer.train() is not recorded")
+        self._end_eval_step()
+
+    def on_predict(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._end_eval_step()
+
+    def _end_eval_step(self) -> None:
+        recorder = self._live()
+        if recorder is not None and self._eval_open:
+            recorder.end_step()
+            self._eval_open = False
+
+    # ------------------------------------------------------------------ helpers
+
+    def _live(self) -> Recorder | None:
+        recorder = self.recorder
+        return recorder if recorder is not None and not recorder.closed else None
+
+    def _disarm(self) -> None:
+        if self._trigger is not None:
+            self._trigger.remove()
+            self._trigger = None
+
+    def _close(self) -> None:
+        self._disarm()
+        for handle in self._root_handles:
+            handle.remove()
+        self._root_handles = []
+        if self._atexit is not None:
+            atexit.unregister(self._atexit)
+            self._atexit = None
+        recorder = self._live()
+        if recorder is None:
+            return
+        self._end_eval_step()
+        for mode in (ModeKeys.EVAL, ModeKeys.PREDICT):  # a later train() continues these counters
+            self._mode_steps[str(mode)] = recorder.mode_step(mode)
+        recorder.close()
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(f"tensorlens: {message}", stacklevel=3)
+
+    def _report_to_backends(self, args: Any) -> list[Backend]:
+        """A backend for each tracker the Trainer reports to, writing into the run its callback started."""
+        out: list[Backend] = []
+        for name in args.report_to or []:
+            if name == "wandb":
+                wandb = sys.modules.get("wandb")
+                run = getattr(wandb, "run", None) if wandb is not None else None
+                if run is not None:
+                    from tensorlens.integrations.wandb import WandbBackend
+
+                    # WandbCallback plots "*" against train/global_step: give every row that key
+                    out.append(WandbBackend(run=run, extra_step_keys=(WANDB_STEP_KEY,)))
+                    continue
+            elif name == "mlflow":
+                from tensorlens.integrations.mlflow import MLflowBackend
+
+                if MLflowBackend.detect():
+                    out.append(MLflowBackend())  # the run MLflowCallback started, on this thread
+                    continue
+            elif name == "tensorboard":
+                from tensorlens.integrations.tensorboard import TensorBoardBackend
+
+                out.append(TensorBoardBackend(log_dir=tensorboard_dir(args)))
+                continue
+            self._warn_once(
+                f"report_to-{name}",
+                f"report_to={name!r}: no tensorlens backend writes there"
+                + (" (no active run found)" if name in ("wandb", "mlflow") else "")
+                + "; statistics go to the local run store (pass backends=[...] to choose)",
+            )
+        return out
+
+
+def tensorboard_dir(args: Any) -> str:
+    """The folder the Trainer's ``TensorBoardCallback`` writes to: ``TENSORBOARD_LOGGING_DIR``,
+    else the newest ``<output_dir>/runs/<time>_<host>`` it has just created (its name holds the
+    time it was created: the callback does not expose it), else a new such folder. tensorlens
+    writes its own event file there, so TensorBoard shows one run."""
+    found = os.environ.get("TENSORBOARD_LOGGING_DIR")
+    if found:
+        return os.path.expanduser(found)
+    import socket
+    import time
+    from datetime import datetime
+
+    runs = os.path.join(args.output_dir, "runs")
+    fresh = [
+        folder for folder in glob.glob(os.path.join(runs, f"*_{socket.gethostname()}"))
+        if glob.glob(os.path.join(folder, "events.out.tfevents.*"))
+        and os.path.getmtime(folder) > time.time() - _TENSORBOARD_FRESH_S
+    ]
+    if fresh:
+        return max(fresh, key=os.path.getmtime)
+    return os.path.join(runs, datetime.now().strftime("%b%d_%H-%M-%S") + "_" + socket.gethostname())
+
+
+def _check_supported(args: Any) -> None:
+    if getattr(args, "deepspeed", None):
+        raise RuntimeError(
+            "TensorLensCallback does not support DeepSpeed: it keeps gradients inside its engine, not in "
+            "param.grad. Use DDP, or FSDP version 2 (whose sharded gradients tensorlens reads)."
+        )
+    fsdp_config = getattr(args, "fsdp_config", None) or {}
+    if getattr(args, "fsdp", None) and int(fsdp_config.get("version", 2)) == 1:
+        raise RuntimeError(
+            "TensorLensCallback does not support FSDP version 1: it flattens parameters and their gradients. "
+            "Use fsdp_config={'version': 2}, whose sharded gradients tensorlens reads."
+        )
+
+
+def _unwrapped(model: nn.Module) -> nn.Module:
+    """The model itself, under DDP's or torch.compile's wrapper (names without ``module.``)."""
+    while True:
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif type(model).__name__ == "OptimizedModule" and isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def _call(ref: weakref.ref[TensorLensCallback], method: str, *args: Any) -> None:
+    """Call a method of the callback from a hook, if it still exists; an error of ours is one
+    warning, never an exception in the user's forward or backward pass."""
+    callback = ref()
+    if callback is None:
+        return
+    try:
+        getattr(callback, method)(*args)
+    except Exception as err:
+        callback._warn_once(f"hook-{method}", f"{method}: {type(err).__name__}: {err} (training continues)")

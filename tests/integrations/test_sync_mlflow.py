@@ -1,0 +1,161 @@
+"""``tensorlens sync --to mlflow`` against a real MLflow server on loopback: the synced run equals
+the run recorded live (metrics with their steps, values and timestamps, params, histogram
+artifacts), and a second sync asks MLflow to store only the new steps (counted at the client:
+MLflow silently drops exact duplicate points, so the server alone could not show a resend)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tensorlens as tl
+from tensorlens.engine.metadata import flatten
+from tensorlens.sync import sync_run
+
+mlflow = pytest.importorskip("mlflow")
+pytest.importorskip("tensorboard")
+
+from mlflow import MlflowClient  # noqa: E402
+
+from tensorlens.integrations.mlflow import MLflowBackend  # noqa: E402
+from tensorlens.integrations.sync_targets import MLflowTarget  # noqa: E402
+
+try:  # tests/integrations may or may not be a package
+    from .test_mlflow import _new_run, mlflow_server  # noqa: F401 - the fixture is used by name
+    from .test_sync import train
+except ImportError:
+    from test_mlflow import _new_run, mlflow_server  # noqa: F401
+    from test_sync import train
+
+
+def metrics(client: MlflowClient, run_id: str, timestamps: bool = False) -> dict[str, list[tuple[Any, ...]]]:
+    """Every metric of the run: key -> sorted [(step, value)] (or [(step, value, timestamp)]).
+
+    Timestamps are the records' wall times, except that the backend keeps each record's after the
+    previous one's: an eval record and a train record of one step written in one millisecond
+    may get them one apart in another order (a replay sends records in ``Run.records()`` order)."""
+    keys = client.get_run(run_id).data.metrics.keys()
+    return {
+        key: sorted((m.step, m.value, m.timestamp)[: 3 if timestamps else 2] for m in client.get_metric_history(run_id, key))
+        for key in keys
+    }
+
+
+def artifacts(client: MlflowClient, run_id: str, path: str = "") -> list[str]:
+    out = []
+    for info in client.list_artifacts(run_id, path):
+        out += artifacts(client, run_id, info.path) if info.is_dir else [info.path]
+    return sorted(out)
+
+
+def histogram_files(client: MlflowClient, run_id: str, tmp: Path) -> dict[str, Any]:
+    out = {}
+    for path in artifacts(client, run_id, "tensorlens/histograms"):
+        local = client.download_artifacts(run_id, path, str(tmp))
+        with open(local, encoding="utf-8") as f:
+            out[path] = json.load(f)
+    return out
+
+
+class CountingClient(MlflowClient):
+    """A real client that counts the metric points it is asked to log."""
+
+    points = 0
+
+    def log_batch(self, run_id: str, metrics: Any = (), *args: Any, **kwargs: Any) -> Any:
+        CountingClient.points += len(metrics)
+        return super().log_batch(run_id, metrics, *args, **kwargs)
+
+
+class CountingTarget(MLflowTarget):
+    def start(self, run_name: str, run_id: str | None) -> tuple[Any, str]:
+        backend, run_id = super().start(run_name, run_id)
+        return MLflowBackend(client=CountingClient(self.tracking_uri), run_id=run_id), run_id
+
+
+def test_mlflow_sync_equals_the_live_run_and_sends_each_point_once(mlflow_server: str, tmp_path: Path) -> None:
+    client = MlflowClient(mlflow_server)
+    live = _new_run(client, tmp_path / "live-artifacts")
+    run_dir = train(str(tmp_path / "run"), [MLflowBackend(tracking_uri=mlflow_server, run_id=live)], steps=9)
+
+    result = sync_run(run_dir, CountingTarget(tracking_uri=mlflow_server, experiment="sync-tests"), progress=False)
+    synced = result.run_id
+    assert result.new_run and result.records_sent == 8 and result.metadata_sent
+    first_points = CountingClient.points
+
+    # metrics: the same keys, each with the same (step, value) points
+    live_metrics, synced_metrics = metrics(client, live), metrics(client, synced)
+    assert synced_metrics == live_metrics
+    assert first_points == sum(len(points) for points in live_metrics.values())  # each point asked once
+    # params: the run metadata, flattened under tensorlens.
+    with tl.open_run(run_dir) as stored:
+        expected = {f"tensorlens.{k}": str(v) for k, v in flatten(stored.metadata()).items()}
+    params = client.get_run(synced).data.params
+    assert {k: v for k, v in params.items() if k.startswith("tensorlens.")} == expected
+    assert client.get_run(live).data.params == params
+    # artifacts: the same histogram files (same records, same chunks) and heatmaps
+    assert artifacts(client, synced) == artifacts(client, live)
+    assert histogram_files(client, synced, tmp_path / "a") == histogram_files(client, live, tmp_path / "b")
+    run = client.get_run(synced)
+    assert run.info.status == "FINISHED" and run.info.run_name == run.data.tags["tensorlens.run_name"]
+    assert client.get_experiment(run.info.experiment_id).name == "sync-tests"
+
+    # the run goes on; the next sync continues the same MLflow run and sends only the new steps
+    train(run_dir, ["local"], steps=6, resume="allow", seed=2)
+    again = sync_run(run_dir, CountingTarget(tracking_uri=mlflow_server, experiment="sync-tests"), progress=False)
+    assert again.run_id == synced and not again.new_run and not again.metadata_sent
+    assert again.already_sent == 8 and again.records_sent > 0
+    with tl.open_run(run_dir) as stored:
+        new_records = [r for r in stored.records() if (r.mode == tl.ModeKeys.TRAIN and r.step > 8)
+                       or (r.mode == tl.ModeKeys.EVAL and r.mode_step > 4)]
+        every = list(stored.records())
+    assert again.records_sent == len(new_records)
+    asked = CountingClient.points - first_points
+    # one point per series of each new record (its quantiles are series of the record too)
+    assert asked == sum(len(set(r.scalar_names)) for r in new_records)
+    after = metrics(client, synced, timestamps=True)
+    for key, points in after.items():
+        assert len({(s, t) for s, _, t in points}) == len(points), key  # no point twice
+    gradient = "tensorlens/gradients/0.weight/l2"
+    assert [s for s, _, _ in after[gradient]] == [r.step for r in every if r.mode == tl.ModeKeys.TRAIN]
+    # the histogram files continue the first session's: one file per 10 records of a mode, each record once
+    files = histogram_files(client, synced, tmp_path / "c")
+    for mode in ("train", "eval"):
+        stored_steps = [r.mode_step for r in every if str(r.mode) == mode and r.histograms]
+        in_files = [(path, entry["mode_step"]) for path, doc in sorted(files.items()) if f"/{mode}/" in path
+                    for entry in doc["records"]]
+        assert [ms for _, ms in in_files] == stored_steps
+        assert len({path for path, _ in in_files}) == (len(stored_steps) + 9) // 10
+    assert sync_run(run_dir, "mlflow", tracking_uri=mlflow_server, experiment="sync-tests", progress=False).records_sent == 0
+
+
+def test_mlflow_sync_into_a_local_store(tmp_path: Path) -> None:
+    run_dir = train(str(tmp_path / "run"), ["local"], steps=3)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = sync_run(run_dir, "mlflow", tracking_uri=uri, experiment="local",
+                      artifact_location=(tmp_path / "artifacts").as_uri(), progress=False)
+    client = MlflowClient(uri)
+    assert client.get_run(result.run_id).data.metrics.keys() >= {"tensorlens/gradients/0.weight/l2"}
+    assert os.path.isdir(tmp_path / "artifacts" / result.run_id / "artifacts" / "tensorlens" / "histograms")
+    assert result.lines == [f"MLflow run {result.run_id} in experiment 'local' at {uri}"]
+
+
+def test_an_unreachable_server_is_one_clear_error(tmp_path: Path) -> None:
+    import socket
+
+    from tensorlens.sync import SyncError
+
+    run_dir = train(str(tmp_path / "run"), ["local"], steps=1)
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(SyncError, match="could not open the mlflow run .*unreachable"):
+        sync_run(run_dir, "mlflow", tracking_uri=f"http://127.0.0.1:{port}", progress=False)
+    from tensorlens.sync.state import SyncState
+
+    with SyncState(os.path.join(run_dir, "tensorlens.sqlite")) as state:  # no tracker run was made: none recorded
+        assert state.targets() == []
