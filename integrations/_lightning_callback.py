@@ -44,16 +44,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, backend_class, registered_backends
 from tensorlens.capture.modules import ModuleTaps
-from tensorlens.collection import DEFAULT_KINDS
 from tensorlens.config import DynamicsConfig, HistogramConfig, ReductionConfig, SaveConfig
-from tensorlens.engine.epochs import check_epoch_statistics
-from tensorlens.engine.recorder import WORKER_MODES, Recorder
+from tensorlens.engine.recorder import Recorder
+from tensorlens.integrations._callback_options import CallbackOptions
 from tensorlens.modes import ModeKeys
-from tensorlens.store.runs import DEFAULT_RUNS_DIR, check_resume, default_run_name, folder_name
-from tensorlens.watch import histogram_config_from
+from tensorlens.store.runs import DEFAULT_RUNS_DIR, default_run_name, folder_name
 
 if TYPE_CHECKING:
     from torch import nn
@@ -146,63 +143,29 @@ class TensorLensCallbackBase:
         rules: Sequence[Any] | None = None,
     ) -> None:
         super().__init__()
-        # Eager checks: a typo fails when the callback is built, not minutes into training.
-        if save_config is None:
-            save_config = SaveConfig(save_interval=save_interval)  # validates save_interval
-        elif not isinstance(save_config, SaveConfig):
-            raise expected("save_config", "None or a tl.SaveConfig", save_config)
-        if collections is not None:
-            if isinstance(collections, str) or not isinstance(collections, Sequence) or not all(
-                isinstance(c, str) for c in collections
-            ):
-                raise expected("collections", "None or a list of collection names", collections)
-        if not isinstance(activations, bool):
-            raise expected("activations", "a bool", activations)
-        histogram_config = histogram_config_from(histograms)
-        if reductions is not None and not isinstance(reductions, ReductionConfig):
-            raise expected("reductions", "None or a tl.ReductionConfig", reductions)
-        if include_workers not in WORKER_MODES:
-            raise expected("include_workers", f"one of {list(WORKER_MODES)}", include_workers)
-        if not isinstance(record_clipped_gradients, bool):
-            raise expected("record_clipped_gradients", "a bool", record_clipped_gradients)
-        backend_specs = _check_backends(backends)
-        if out_dir is not None and not isinstance(out_dir, (str, os.PathLike)):
-            raise expected("out_dir", "None or a path", out_dir)
-        if include_regex is not None and not (
-            isinstance(include_regex, str)
-            or (isinstance(include_regex, Sequence) and all(isinstance(r, str) for r in include_regex))
-        ):
-            raise expected("include_regex", "None, a regex or a list of regexes", include_regex)
-        if run_name is not None and not isinstance(run_name, str):
-            raise expected("run_name", "None or a string", run_name)
-        check_resume(resume)
-        if not isinstance(dynamics, (bool, DynamicsConfig)):
-            raise expected("dynamics", "a bool or a tl.DynamicsConfig", dynamics)
-        check_epoch_statistics(epoch_statistics)
-        if rules is not None:
-            from tensorlens.rules.online import RuleRunner
-
-            RuleRunner(rules)  # checks them now; each stage's recorder gets a runner of its own
-
-        names = list(DEFAULT_KINDS) if collections is None else list(collections)
-        if activations and "activations" not in names:
-            names.append("activations")
-        if dynamics is not False and "dynamics" not in names:
-            names.append("dynamics")
-        self.save_config = save_config
-        self.collections = names
-        self.histogram_config = histogram_config
-        self.reductions = reductions
-        self.include_workers = include_workers
-        self.record_clipped_gradients = record_clipped_gradients
-        self.backends = backend_specs
-        self.out_dir = out_dir
-        self.include_regex = include_regex
-        self.run_name = run_name
-        self.resume = resume
-        self.dynamics_config = dynamics if isinstance(dynamics, DynamicsConfig) else None
-        self.epoch_statistics = epoch_statistics
-        self.rules = list(rules) if rules is not None else None
+        # Eager checks (shared with the Hugging Face callback): a typo fails when the callback is
+        # built, not minutes into training.
+        options = CallbackOptions.check(
+            trackers=LOGGERS, save_interval=save_interval, collections=collections, activations=activations,
+            histograms=histograms, reductions=reductions, include_workers=include_workers,
+            record_clipped_gradients=record_clipped_gradients, backends=backends, out_dir=out_dir,
+            save_config=save_config, include_regex=include_regex, run_name=run_name, resume=resume,
+            dynamics=dynamics, epoch_statistics=epoch_statistics, rules=rules,
+        )
+        self.save_config = options.save_config
+        self.collections = options.collections
+        self.histogram_config = options.histogram_config
+        self.reductions = options.reductions
+        self.include_workers = options.include_workers
+        self.record_clipped_gradients = options.record_clipped_gradients
+        self.backends = options.backends
+        self.out_dir = options.out_dir
+        self.include_regex = options.include_regex
+        self.run_name = options.run_name
+        self.resume = options.resume
+        self.dynamics_config = options.dynamics_config
+        self.epoch_statistics = options.epoch_statistics
+        self.rules = options.rules
 
         #: The :class:`tensorlens.Recorder` of the current run, or of the last one once it has ended.
         self.hook: Recorder | None = None
@@ -546,22 +509,6 @@ class TensorLensCallbackBase:
                     "only (pass backends=[..., MyBackend()] or register a Backend with from_logger)",
                 )
         return out
-
-
-def _check_backends(backends: Any) -> list[str | Backend | type[Backend]]:
-    what = f'"{LOGGERS}" or a list of "{LOGGERS}", backend names, Backend classes or instances'
-    specs = [backends] if isinstance(backends, str) else backends
-    if not isinstance(specs, Sequence):
-        raise expected("backends", what, backends)
-    out = []
-    for spec in specs:
-        if isinstance(spec, str):
-            if spec != LOGGERS and spec not in registered_backends():
-                raise expected("backends", f"{what} (names: {registered_backends()})", backends)
-        elif not (isinstance(spec, Backend) or (isinstance(spec, type) and issubclass(spec, Backend))):
-            raise expected("backends", what, backends)
-        out.append(spec)
-    return out
 
 
 def missing_namespace(package: str, extra: str, err: ImportError) -> ImportError:

@@ -27,11 +27,8 @@ Metric keys are made acceptable to MLflow by :func:`mlflow_metric_key` and kept 
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
 import os
-import re
 import shutil
 import socket
 import sys
@@ -43,18 +40,25 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-
 from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, RunInfo
 from tensorlens.backends.keys import PRIMARY_WORKERS, key_parts
 from tensorlens.backends.optional import import_optional, is_lightning_logger
 from tensorlens.engine.metadata import flatten
 from tensorlens.findings import Finding
+from tensorlens.integrations._mlflow_artifacts import HeatmapColumns, HeatmapPainter, HistogramChunk
+from tensorlens.integrations._mlflow_keys import (
+    MAX_KEY_LENGTH,
+    MODE_NAMES,
+    QUANTILES,
+    SERIES_SUFFIXES,
+    WORKER_INFIX,
+    MetricKeyMapper,
+    mlflow_metric_key,
+)
 from tensorlens.modes import ModeKeys
-from tensorlens.records import HistogramEntry, StepRecord
-from tensorlens.stats.registry import STATISTICS
-from tensorlens.stats.views import StrideThinner, heatmap_grid, histogram_quantiles
+from tensorlens.records import StepRecord
+from tensorlens.stats.views import histogram_quantiles
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -69,12 +73,6 @@ __all__ = [
     "mlflow_metric_key",
 ]
 
-#: Quantile metrics sent for every histogram: ``(metric suffix, level)``.
-QUANTILES: tuple[tuple[str, float], ...] = (
-    ("p01", 0.01), ("p05", 0.05), ("p25", 0.25), ("p50", 0.50), ("p75", 0.75), ("p95", 0.95), ("p99", 0.99),
-)
-#: MLflow rejects longer metric keys (``MAX_ENTITY_KEY_LENGTH``).
-MAX_KEY_LENGTH = 250
 #: MLflow's stores and REST API reject more metrics in one ``log_batch`` request.
 MAX_METRICS_PER_BATCH = 1000
 #: MLflow's limit on a tag value (``MAX_TAG_VAL_LENGTH``).
@@ -83,17 +81,9 @@ MAX_TAG_VALUE = 5000
 MAX_PARAMS_PER_BATCH = 100
 MAX_PARAM_LENGTH = 6000
 
-_HASH_LENGTH = 8
-# MLflow allows ``[/\w.\- :]`` but ``\w`` is Unicode and ``:`` is refused on Windows clients;
-# staying within ASCII and without ``:`` gives keys every client and server accepts.
-_DISALLOWED = re.compile(r"[^A-Za-z0-9_.\- /]")
 # Async mode: wait for the oldest batches once this many are in flight, so memory stays bounded
 # and failures surface while training runs instead of only at close().
 _MAX_PENDING_ASYNC = 32
-# Heatmaps keep at most this many columns per tensor (every other one is dropped when full).
-_HEATMAP_COLUMNS = 256
-_HEATMAP_ROWS = 100
-_HEATMAP_LOG_FLOOR = -4.0  # colours span fractions 1e-4 .. 1; smaller ones are drawn at the floor
 # close() draws heatmaps for at most this long (the dispatcher waits for a backend's close() until
 # its close timeout, 60 s by default)
 _HEATMAP_BUDGET_S = 30.0
@@ -103,103 +93,6 @@ _PROBE_TIMEOUT_S = 5.0
 
 def _import_mlflow() -> Any:
     return import_optional("mlflow", "mlflow", "MLflowBackend")
-
-
-# ---------------------------------------------------------------------------- metric keys
-
-
-def mlflow_metric_key(key: str) -> str:
-    """``key`` rewritten into a metric key MLflow accepts (length aside; see :class:`MetricKeyMapper`).
-
-    Characters outside ``A-Z a-z 0-9 _ . - / space`` become ``_``; empty path segments
-    (``a//b``, a leading or trailing ``/``) are dropped; segments made only of dots (``.``,
-    ``..``) become underscores, because MLflow refuses keys that ``posixpath.normpath`` changes;
-    so do the leading dots of a key that starts with ``..``. Valid keys come back unchanged.
-
-    >>> mlflow_metric_key("gradients/fc1.weight/l2")
-    'gradients/fc1.weight/l2'
-    >>> mlflow_metric_key("activations/layers[0]//out:x/")
-    'activations/layers_0_/out_x'
-    >>> mlflow_metric_key("../a/./b")
-    '__/a/_/b'
-    """
-    segments = []
-    for segment in _DISALLOWED.sub("_", key).split("/"):
-        if not segment:
-            continue
-        if segment.strip(".") == "":
-            segment = "_" * len(segment)
-        segments.append(segment)
-    cleaned = "/".join(segments) or "_"
-    if cleaned.startswith(".."):  # MLflow refuses any key starting with "..", even "..a"
-        dots = len(cleaned) - len(cleaned.lstrip("."))
-        cleaned = "_" * dots + cleaned[dots:]
-    return cleaned
-
-
-def _short_hash(identity: str, length: int = _HASH_LENGTH) -> str:
-    # sha1, not hash(): the suffix must be the same in every process and every run
-    return hashlib.sha1(identity.encode("utf-8")).hexdigest()[:length]
-
-
-# A key ending like a hash suffix is never kept as it is, so no kept key can equal a hashed one.
-_LOOKS_HASHED = re.compile(r"-[0-9a-f]{8,}$")
-
-
-class MetricKeyMapper:
-    """Maps keys to valid MLflow metric keys, injectively and without memory of other keys.
-
-    A key is kept as it is when it is *canonical* (see :meth:`MLflowBackend.metric_key`), a valid
-    MLflow key (:func:`mlflow_metric_key` leaves it unchanged), at most 250 characters, and does not
-    end like a hash suffix (``-`` and 8 or more hex digits). Any other key becomes its cleaned form,
-    cut to fit, plus ``-<8 hex digits>`` of the SHA-1 of its ``identity`` (default: the key).
-
-    The decision depends on the key alone, never on which keys came first, so every process, run,
-    mode and worker maps a key to the same metric, and two keys that clean to one string (``lin@1``
-    and ``lin#1``, or ``lin_1`` and ``lin@1``) are two metrics in any order. Distinct identities can
-    only share a metric through a SHA-1 prefix collision; the mapper remembers what it gave out
-    and lengthens the suffix if that ever happens within a process.
-
-    >>> mapper = MetricKeyMapper()
-    >>> mapper("a_0_"), mapper("a[0]"), mapper("a(0)")
-    ('a_0_', 'a_0_-b2fa95a4', 'a_0_-a4b7b84f')
-    """
-
-    def __init__(self) -> None:
-        self._by_identity: dict[str, str] = {}
-        self._owner: dict[str, str] = {}  # mapped key -> identity that holds it
-
-    def __call__(self, key: str, identity: str | None = None, canonical: bool = True) -> str:
-        identity = key if identity is None else identity
-        mapped = self._by_identity.get(identity)
-        if mapped is not None:
-            return mapped
-        keep = canonical and len(key) <= MAX_KEY_LENGTH and not _LOOKS_HASHED.search(key) and mlflow_metric_key(key) == key
-        mapped = key if keep else _hashed(key, identity, _HASH_LENGTH)
-        length = _HASH_LENGTH
-        while self._owner.get(mapped, identity) != identity:  # a SHA-1 prefix collision (never seen)
-            length += 4
-            mapped = _hashed(key, identity, length)
-        self._owner[mapped] = identity
-        self._by_identity[identity] = mapped
-        return mapped
-
-    def __len__(self) -> int:
-        return len(self._by_identity)
-
-
-def _hashed(key: str, identity: str, length: int) -> str:
-    suffix = "-" + _short_hash(identity, length)
-    return mlflow_metric_key(key)[: MAX_KEY_LENGTH - len(suffix)] + suffix
-
-
-#: Names that end a ``<tensor>/<name>`` series: the statistics (any the engine records, with their
-#: ``abs_`` forms) and the quantile suffixes. A plain scalar whose name ends in one of them
-#: (``summarize_scalar("grad/l2")``) could be mistaken for a statistic of a tensor, so it is the one
-#: that gets a hash suffix (see :meth:`MLflowBackend.metric_key`).
-SERIES_SUFFIXES: frozenset[str] = frozenset([*STATISTICS, *(suffix for suffix, _ in QUANTILES)])
-_MODE_NAMES = frozenset(str(mode) for mode in ModeKeys)
-_WORKER_INFIX = re.compile(r"^worker_\d+$")
 
 
 # ---------------------------------------------------------------------------- the backend
@@ -283,8 +176,8 @@ class MLflowBackend(Backend):
         self._client = client
         self._run: RunInfo | None = None
         self._pending: list[Any] = []  # RunOperations of asynchronous log_batch calls
-        self._chunks: dict[ModeKeys, _HistogramChunk] = {}
-        self._columns: dict[tuple[ModeKeys, str], _HeatmapColumns] = {}
+        self._chunks: dict[ModeKeys, HistogramChunk] = {}
+        self._columns: dict[tuple[ModeKeys, str], HeatmapColumns] = {}
         self._tmp: str | None = None
         self._finding_counts: dict[str, int] = {}
         self._last_timestamp = 0
@@ -373,7 +266,7 @@ class MLflowBackend(Backend):
                 self._chunks.pop(record.mode, None)
         if self.heatmaps:
             for histogram in record.histograms:
-                self._columns.setdefault((record.mode, histogram.tensor), _HeatmapColumns()).add(record.mode_step, histogram)
+                self._columns.setdefault((record.mode, histogram.tensor), HeatmapColumns()).add(record.mode_step, histogram)
 
     def write(self, record: StepRecord) -> None:
         from mlflow.entities import Metric
@@ -397,7 +290,7 @@ class MLflowBackend(Backend):
         if self.heatmaps:
             for histogram in record.histograms:
                 # mode steps on the x axis: every eval step of one evaluation shares its global step
-                self._columns.setdefault((record.mode, histogram.tensor), _HeatmapColumns()).add(record.mode_step, histogram)
+                self._columns.setdefault((record.mode, histogram.tensor), HeatmapColumns()).add(record.mode_step, histogram)
 
         chunk = self._chunks.get(record.mode)
         full = chunk if chunk is not None and len(chunk.records) >= self.histogram_every else None
@@ -491,8 +384,8 @@ class MLflowBackend(Backend):
         first = tensor.split("/", 1)[0]
         last = tensor.rsplit("/", 1)[-1]
         canonical = (
-            all(part in _MODE_NAMES or _WORKER_INFIX.match(part) for part in infix)
-            and first not in _MODE_NAMES and not _WORKER_INFIX.match(first)
+            all(part in MODE_NAMES or WORKER_INFIX.match(part) for part in infix)
+            and first not in MODE_NAMES and not WORKER_INFIX.match(first)
             and (stat in SERIES_SUFFIXES if stat else "/" not in tensor or last not in SERIES_SUFFIXES)
         )
         # the identity is the structure, so "eval" + "x" and a collection "eval/x" stay apart
@@ -524,13 +417,13 @@ class MLflowBackend(Backend):
 
     # -- histogram artifacts
 
-    def _chunk(self, mode: ModeKeys) -> _HistogramChunk:
+    def _chunk(self, mode: ModeKeys) -> HistogramChunk:
         chunk = self._chunks.get(mode)
         if chunk is None:
-            chunk = self._chunks[mode] = _HistogramChunk(mode)
+            chunk = self._chunks[mode] = HistogramChunk(mode)
         return chunk
 
-    def _upload_chunk(self, chunk: _HistogramChunk) -> None:
+    def _upload_chunk(self, chunk: HistogramChunk) -> None:
         assert self._client is not None and self._tmp is not None
         folder = os.path.join(self._tmp, "histograms", str(chunk.mode))
         os.makedirs(folder, exist_ok=True)
@@ -549,7 +442,7 @@ class MLflowBackend(Backend):
         if not self._columns or self._client is None or self._tmp is None:
             return
         try:
-            painter = _HeatmapPainter()
+            painter = HeatmapPainter()
         except ImportError:
             return  # heatmaps are a convenience; the quantiles and chunks hold the same information
         _probe(self.tracking_uri)  # not 30 s of drawing for a server that is gone
@@ -583,128 +476,6 @@ def _active_mlflow_run() -> Any:
         return mlflow.active_run()
     except Exception:
         return None
-
-
-class _HistogramChunk:
-    """The histograms of up to ``histogram_every`` saved steps of one mode, as one JSON artifact."""
-
-    def __init__(self, mode: ModeKeys) -> None:
-        self.mode = mode
-        self.records: list[dict[str, Any]] = []
-        self.dirty = False
-
-    @property
-    def filename(self) -> str:
-        # the first mode step names the file: fixed once the chunk begins, unique within a mode
-        return f"histograms-{self.records[0]['mode_step']:09d}.json"
-
-    def add(self, record: StepRecord) -> None:
-        self.records.append({
-            "step": record.step,
-            "mode_step": record.mode_step,
-            "wall_time": record.wall_time,
-            "worker": record.worker,
-            "histograms": {h.tensor: _histogram_json(h) for h in record.histograms},
-        })
-        self.dirty = True
-
-    def document(self, run: RunInfo | None) -> dict[str, Any]:
-        return {
-            "format": "tensorlens.histograms",
-            "version": 1,
-            "run_name": run.run_name if run else None,
-            "mode": str(self.mode),
-            "records": self.records,
-        }
-
-
-def _finite_or_none(value: float) -> float | None:
-    # JSON has no NaN/Inf; None (null) marks a statistic that is not a finite number
-    return value if math.isfinite(value) else None
-
-
-def _histogram_json(h: HistogramEntry) -> dict[str, Any]:
-    return {
-        "counts": [int(c) for c in h.counts],
-        "edges": [_finite_or_none(float(e)) for e in h.edges],
-        "min": _finite_or_none(float(h.min)),
-        "max": _finite_or_none(float(h.max)),
-        "count": int(h.count),
-        "nan_count": int(h.nan_count),
-        "inf_count": int(h.inf_count),
-        "rejected": int(h.rejected),
-        "underflow": int(h.underflow),
-        "overflow": int(h.overflow),
-        "sampled": bool(h.sampled),
-    }
-
-
-class _HeatmapColumns:
-    """One tensor's histograms over time, thinned by :class:`~tensorlens.stats.views.StrideThinner`:
-    when ``2 * _HEATMAP_COLUMNS`` columns are reached, every other one is dropped."""
-
-    def __init__(self) -> None:
-        self._kept = StrideThinner(2 * _HEATMAP_COLUMNS - 1)
-        self._seen = 0
-
-    def add(self, step: int, histogram: HistogramEntry) -> None:
-        self._kept.add(self._seen, (step, np.asarray(histogram.counts, dtype=np.float64), np.asarray(histogram.edges, dtype=np.float64)))
-        self._seen += 1
-
-    @property
-    def steps(self) -> list[int]:
-        return [step for step, _, _ in self._kept.values(latest=False)]
-
-    @property
-    def counts(self) -> list[np.ndarray]:
-        return [counts for _, counts, _ in self._kept.values(latest=False)]
-
-    @property
-    def edges(self) -> list[np.ndarray]:
-        return [edges for _, _, edges in self._kept.values(latest=False)]
-
-
-class _HeatmapPainter:
-    """Draws heatmaps into one reused figure: axes, colorbar and layout are built once, which
-    makes each image several times cheaper than a fresh figure (savefig is most of what is left)."""
-
-    def __init__(self) -> None:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.cm import ScalarMappable
-        from matplotlib.colors import Normalize
-        from matplotlib.figure import Figure
-
-        self.figure = Figure(figsize=(7, 3.6), dpi=100)
-        FigureCanvasAgg(self.figure)  # an Agg canvas: no pyplot, no global state, safe off the main thread
-        # fixed axes rectangles instead of tight_layout, which costs more than drawing the image
-        self.axes = self.figure.add_axes((0.10, 0.14, 0.76, 0.76))
-        colorbar_axes = self.figure.add_axes((0.88, 0.14, 0.025, 0.76))
-        self.scale = ScalarMappable(norm=Normalize(_HEATMAP_LOG_FLOOR, 0.0), cmap="viridis")
-        self.figure.colorbar(self.scale, cax=colorbar_axes, label="log10 fraction of values")
-        self.mesh: Any = None
-
-    def draw(self, columns: _HeatmapColumns, title: str, xlabel: str, path: str) -> None:
-        grid, image = heatmap_grid(columns.counts, columns.edges, _HEATMAP_ROWS, axis="range")
-        low, high = float(grid[0]), float(grid[-1])
-        steps = np.asarray(columns.steps, dtype=np.float64)
-        # column boundaries halfway between saved steps, so uneven save intervals are drawn to scale
-        if len(steps) > 1:
-            middle = (steps[:-1] + steps[1:]) / 2
-            x = np.concatenate([[2 * steps[0] - middle[0]], middle, [2 * steps[-1] - middle[-1]]])
-        else:
-            x = np.array([steps[0] - 0.5, steps[0] + 0.5])
-        # empty cells stay blank; tiny fractions are drawn in the floor colour
-        positive = image > 0
-        shown = np.ma.array(np.maximum(np.log10(np.where(positive, image, 1.0)), _HEATMAP_LOG_FLOOR), mask=~positive)
-        if self.mesh is not None:
-            self.mesh.remove()
-        self.mesh = self.axes.pcolormesh(x, grid, shown, norm=self.scale.norm, cmap=self.scale.cmap, shading="flat")
-        self.axes.set_xlim(x[0], x[-1])
-        self.axes.set_ylim(low, high)
-        self.axes.set_title(title, fontsize=9)
-        self.axes.set_xlabel(xlabel)
-        self.axes.set_ylabel("value")
-        self.figure.savefig(path)
 
 
 # ---------------------------------------------------------------------------- reachability

@@ -11,6 +11,8 @@ import dataclasses
 import functools
 import itertools
 import math
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,6 +22,9 @@ from tensorlens.records import HISTOGRAM_INFO, ScalarEntry, StepRecord, TensorEn
 from tensorlens.stats.edges import exact_edges
 from tensorlens.stats.moments import COL, PARTIALS, finalize_rows
 from tensorlens.stats.views import histogram_quantile_rows, quantile_name
+
+if TYPE_CHECKING:
+    from tensorlens.engine.step import _DeviceHistograms
 
 
 @dataclasses.dataclass
@@ -244,3 +249,42 @@ def build_record(pending: PendingStep) -> StepRecord:
 def host_record(host: HostStatistics, step: int = 0, mode: ModeKeys = ModeKeys.TRAIN) -> StepRecord:
     """The record of one :class:`HostStatistics` alone (tests, benchmarks, tools)."""
     return build_record(PendingStep(step, mode, step, "worker_0", 0.0, [], [host]))
+
+
+class HostHistograms(Mapping[int, _HostHistogram]):
+    """The histograms of a step by job index, kept as the arrays they arrived in: the
+    :class:`_HostHistogram` objects are made at the first look (on the dispatcher thread), all at
+    once, not one per tensor on the training thread."""
+
+    def __init__(self, groups: list[tuple[_DeviceHistograms, np.ndarray, np.ndarray]]) -> None:
+        self._groups = groups
+        self._made: dict[int, _HostHistogram] | None = None
+
+    def _all(self) -> dict[int, _HostHistogram]:
+        if self._made is None:
+            made = {}
+            for h, counts, extra in self._groups:
+                dtype = np.dtype(str(h.dtype).removeprefix("torch."))
+                for g, (i, row, sampled) in enumerate(zip(h.index, extra.tolist(), h.sampled, strict=True)):
+                    low, high, scale, data_low, data_high, binned, rejected, underflow, overflow = row
+                    made[i] = _HostHistogram(
+                        counts[g], low, high, scale, dtype, data_low, data_high,
+                        int(binned), int(rejected), int(underflow), int(overflow), sampled,
+                    )
+            self._made = made
+        return self._made
+
+    def __getitem__(self, i: int) -> _HostHistogram:
+        return self._all()[i]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return sum(len(h.index) for h, _, _ in self._groups)
+
+    def keys(self):  # type: ignore[override]  # dict(self) and sorted(self) read the built dict directly
+        return self._all().keys()
+
+    def items(self):  # type: ignore[override]
+        return self._all().items()

@@ -20,6 +20,7 @@ import os
 import platform
 import subprocess
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -192,3 +193,15 @@ class LazyMetadata(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self._get())
+
+
+def metadata_of(recorder: Any) -> LazyMetadata:
+    """The run's metadata, built when the first backend opens (the sources are known by then);
+    a weak reference, so the dispatcher's threads never keep a dropped recorder alive."""
+    ref = weakref.ref(recorder)
+
+    def build() -> dict[str, Any]:
+        found = ref()
+        return run_metadata(found, found._sources) if found is not None else {}
+
+    return LazyMetadata(build)

@@ -20,15 +20,14 @@ from __future__ import annotations
 import functools
 import time
 import warnings
-import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from tensorlens._checks import expected, names_list
-from tensorlens._runtime import compiling, distributed_rank
-from tensorlens.backends.base import Backend, RunInfo, active_run_name, resolve_backends
+from tensorlens._runtime import distributed_rank
+from tensorlens.backends.base import Backend, RunInfo, resolve_backends
 from tensorlens.capture import summaries
 from tensorlens.collection import DEFAULT_KINDS, MODULE_KINDS, Collection, Kind
 from tensorlens.config import DynamicsConfig, HistogramConfig, ReductionConfig, SaveConfig
@@ -36,27 +35,27 @@ from tensorlens.dispatch import BackendStats, Dispatcher
 from tensorlens.engine import gather
 from tensorlens.engine.assemble import HostStatistics, PendingStep, build_record
 from tensorlens.engine.dynamics import Dynamics
-from tensorlens.engine.epochs import EpochAggregator, EpochEnd, check_epoch_statistics
-from tensorlens.engine.jobs import DerivedScalars, ReducedPiece, TensorJob, reduce_now
-from tensorlens.engine.metadata import LazyMetadata, run_metadata
+from tensorlens.engine.epochs import EpochAggregator
+from tensorlens.engine.inputs import REDUCE_WHEN_CAPTURED, CallerValues
+from tensorlens.engine.jobs import DerivedScalars, TensorJob
+from tensorlens.engine.metadata import metadata_of
 from tensorlens.engine.pending import PendingCaptures
 from tensorlens.engine.plan import Planner
 from tensorlens.engine.plan_cache import ParameterJobs
+from tensorlens.engine.recorder_dynamics import DynamicsSteps
+from tensorlens.engine.run_setup import WORKER_MODES, check_arguments, locate_run, stored_step_counters
 from tensorlens.engine.step import StepStatistics
 from tensorlens.modes import ModeKeys
 from tensorlens.records import ScalarEntry
 from tensorlens.stats import native
 from tensorlens.store import runs
-from tensorlens.store.files import last_steps
 from tensorlens.store.schema import store_filename
 
 if TYPE_CHECKING:
     from tensorlens.findings import Finding
     from tensorlens.rules.base import Rule
 
-WORKER_MODES = ("reduce", "one", "all")
-#: Captured tensors of at least this many values are reduced in the hook (see Recorder.capture).
-REDUCE_WHEN_CAPTURED = 1 << 17
+__all__ = ["REDUCE_WHEN_CAPTURED", "Recorder", "ScalarSource", "TensorSource", "WORKER_MODES"]
 
 
 class TensorSource(Protocol):
@@ -91,7 +90,7 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-class Recorder:
+class Recorder(CallerValues, DynamicsSteps):
     """Records statistics of the tensors its sources and callers give it, one record per saved step.
 
     Most users want :func:`tensorlens.watch` or :class:`tensorlens.Hook` (a recorder driven by
@@ -121,28 +120,10 @@ class Recorder:
         rules: Sequence[Rule] | None = None,
         collective_timeout: float | None = None,
     ) -> None:
-        if save_config is not None and not isinstance(save_config, SaveConfig):
-            raise expected("save_config", "a tl.SaveConfig", save_config)
-        if reduction_config is not None and not isinstance(reduction_config, ReductionConfig):
-            raise expected("reduction_config", "a tl.ReductionConfig", reduction_config)
-        if histogram_config is not None and not isinstance(histogram_config, HistogramConfig):
-            raise expected("histogram_config", "a tl.HistogramConfig", histogram_config)
-        if include_workers not in WORKER_MODES:
-            raise expected("include_workers", f"one of {list(WORKER_MODES)}", include_workers)
-        if isinstance(max_pending_steps, bool) or not isinstance(max_pending_steps, int) or max_pending_steps < 1:
-            raise expected("max_pending_steps", "an integer >= 1", max_pending_steps)
-        if run_name is not None and (not isinstance(run_name, str) or not run_name):
-            raise expected("run_name", "None or a non-empty string", run_name)
-        if out_dir is not None and not isinstance(out_dir, (str, bytes)) and not hasattr(out_dir, "__fspath__"):
-            raise expected("out_dir", "None or a path", out_dir)
-        runs.check_resume(resume)
-        if dynamics_config is not None and not isinstance(dynamics_config, DynamicsConfig):
-            raise expected("dynamics_config", "None or a tl.DynamicsConfig", dynamics_config)
-        chosen_epoch_statistics = check_epoch_statistics(epoch_statistics)
-        if collective_timeout is not None and (
-            isinstance(collective_timeout, bool) or not isinstance(collective_timeout, (int, float)) or not collective_timeout > 0
-        ):
-            raise expected("collective_timeout", "None or a positive number of seconds", collective_timeout)
+        chosen_epoch_statistics = check_arguments(
+            save_config, reduction_config, histogram_config, include_workers, max_pending_steps, run_name, out_dir, resume,
+            dynamics_config, epoch_statistics, collective_timeout,
+        )
         self.collective_timeout = collective_timeout
 
         self.planner = Planner(
@@ -173,7 +154,7 @@ class Recorder:
         self.run_name, self.run_dir, self.resumed = self._run_location(out_dir, run_name, resume)
         run = RunInfo(
             self.run_name, self.run_dir, self.rank, self.world_size, {"include_workers": include_workers},
-            metadata=_metadata_of(self), modules=self._describe_modules,
+            metadata=metadata_of(self), modules=self._describe_modules,
         )
         # epoch aggregates are taken from the records on the dispatcher thread (see engine/epochs.py)
         self._epochs = EpochAggregator(chosen_epoch_statistics, build_record, self.worker)
@@ -209,15 +190,8 @@ class Recorder:
     # ------------------------------------------------------------------ run location
 
     def _run_location(self, out_dir: Any, run_name: str | None, resume: str) -> tuple[str, str, bool]:
-        share = None
-        if self.world_size > 1:
-            from tensorlens.engine.distributed import broadcast_run
-
-            def share(name: str, run_dir: str) -> tuple[str, str]:
-                return broadcast_run(name, run_dir, timeout=self.collective_timeout)
-        return runs.locate(
-            out_dir, run_name, active_run_name(self._backends), resume, self._store_file(), rank=self.rank,
-            own_store=self.rank == 0 or self.include_workers == "all", share=share,
+        return locate_run(
+            out_dir, run_name, resume, self._backends, self.rank, self.world_size, self.include_workers, self.collective_timeout,
         )
 
     def _describe_modules(self) -> list[dict[str, Any]]:
@@ -229,14 +203,8 @@ class Recorder:
     def _continue_stored_steps(self) -> None:
         """A resumed run goes on after its last stored steps, so nothing stored is overwritten;
         ``set_step`` sets the true step (the Lightning callback does it from the trainer)."""
-        import os
-
-        found = {ModeKeys.coerce(m): last for m, last in last_steps(os.path.join(self.run_dir, self._store_file())).items()}
-        if ModeKeys.TRAIN in found:
-            self.global_step = found[ModeKeys.TRAIN] + 1
-        for mode, last in found.items():
-            self._mode_steps[mode] = last + 1
-        self._mode_steps[ModeKeys.TRAIN] = self.global_step
+        self.global_step, found = stored_step_counters(self.run_dir, self._store_file(), self.global_step)
+        self._mode_steps.update(found)
 
     # ------------------------------------------------------------------ configuration
 
@@ -333,96 +301,6 @@ class Recorder:
             return frozenset()  # "one": ranks other than 0 capture and compute nothing
         return self.planner.saving(mode, self._mode_steps[mode])
 
-    # ------------------------------------------------------------------ values from the caller
-
-    def save_scalar(self, name: str, value: float | int | torch.Tensor) -> None:
-        """Record a number under ``scalars/<name>`` in the current step's record, when the
-        ``scalars`` collection saves the step (its own save config, else the recorder's)."""
-        self._check_open("save a scalar")
-        if not isinstance(name, str) or not name:
-            raise expected("name", "a non-empty string", name)
-        if isinstance(value, torch.Tensor):
-            if value.numel() != 1:
-                raise expected("value", "a number or a one-element tensor", f"a tensor of shape {tuple(value.shape)}")
-            value = value.detach().reshape(()).clone()
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            value = float(value)
-        else:
-            raise expected("value", "a number or a one-element tensor", value)
-        if self.planner.saves(Kind.SCALARS, self._mode, self._mode_steps[self._mode]):
-            self._pending.add_scalar(self._mode, Kind.SCALARS, name, value)
-
-    def save_tensor(self, name: str, tensor: torch.Tensor, collections_to_write: str | Iterable[str] = "default") -> None:
-        """Record statistics of ``tensor`` in the current step under each of
-        ``collections_to_write``, on the steps each of those collections saves (SageMaker
-        Debugger's semantics; ``"default"`` is the ``summaries`` collection)."""
-        self._check_open("save a tensor")
-        if not isinstance(tensor, torch.Tensor):
-            raise expected("tensor", "a torch.Tensor", tensor)
-        if not isinstance(name, str) or not name:
-            raise expected("name", "a non-empty string", name)
-        names = [collections_to_write] if isinstance(collections_to_write, str) else list(collections_to_write)
-        copy = None
-        for collection in names:
-            if collection == "default":
-                collection = Kind.SUMMARIES.value
-            self.planner.ensure_collection(collection)
-            if self.planner.saves(collection, self._mode, self._mode_steps[self._mode]):
-                copy = tensor.detach().clone() if copy is None else copy
-                self._pending.add_explicit(self._mode, collection, name, copy)
-
-    def add_loss(self, name: str, value: Any) -> None:
-        """A loss value of the current step (a registered loss module's output): recorded under
-        ``losses/<name>`` on saved steps, the mean when given several times in a step."""
-        if self._closed or self._paused or not isinstance(value, torch.Tensor):
-            return
-        # traced by torch.compile: keep the value whatever the step (the step boundary drops it on
-        # unsaved steps); reading the step counters here would recompile the graph every step
-        if not compiling() and Kind.LOSSES not in self._saving(self._mode):
-            return
-        value = value.detach()
-        self._pending.add_scalar(
-            self._mode, Kind.LOSSES, name, value.float().mean() if value.numel() != 1 else value.reshape(()).clone()
-        )
-
-    def add_summary(self, name: str, value: Any, is_tensor: bool) -> None:
-        """``tl.summarize_scalar`` / ``tl.summarize_tensor`` land here (from inside ``forward``)."""
-        try:
-            if self._closed or self._paused or (not compiling() and Kind.SUMMARIES not in self._saving(self._mode)):
-                return
-            if is_tensor:
-                if not isinstance(value, torch.Tensor):
-                    raise expected("tensor", "a torch.Tensor", value)
-                self._pending.add_tensor(self._mode, Kind.SUMMARIES, None, name, value.detach().clone())
-            else:
-                if isinstance(value, torch.Tensor):
-                    value = value.detach().float().mean() if value.numel() != 1 else value.detach().reshape(()).clone()
-                elif not isinstance(value, (int, float)) or isinstance(value, bool):
-                    raise expected("value", "a number or a tensor", value)
-                self._pending.add_scalar(self._mode, Kind.SUMMARIES, name, value)
-        except Exception as err:
-            self.warn_once(f"summarize {name!r}: {type(err).__name__}: {err}")
-
-    def capture(self, kind: str, module_name: str, name: str, tensor: torch.Tensor) -> None:
-        """A module tensor captured on a saved step (by a source's hooks). Large CPU tensors are
-        reduced at once where every job that will record them can use the result, so no copy is
-        held until the step ends and the values are read while in cache; the others are copied
-        (an in-place op after the module must not change what was captured)."""
-        if self._paused:
-            return
-        try:
-            piece = self._reduce_captured(kind, module_name, tensor)
-            self._pending.add_tensor(self._mode, kind, module_name, name, piece if piece is not None else tensor.detach().clone())
-        except Exception as err:
-            self.warn_once(f"capturing {kind}/{name}: {type(err).__name__}: {err}")
-
-    def _reduce_captured(self, kind: str, module_name: str, tensor: torch.Tensor) -> ReducedPiece | None:
-        # any device: the compiled kernel on a CPU, PyTorch ops elsewhere (rows stay on the device)
-        if compiling() or tensor.layout != torch.strided or tensor.numel() < REDUCE_WHEN_CAPTURED:
-            return None
-        plan = self.planner.capture_plan(self._mode, kind, module_name, self._saving(self._mode))
-        return reduce_now(tensor, plan) if plan is not None else None
-
     # ------------------------------------------------------------------ step boundaries
 
     @guarded
@@ -512,34 +390,6 @@ class Recorder:
     def _train_mode(self) -> ModeKeys:
         return self._explicit_mode if self._explicit_mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL) else ModeKeys.TRAIN
 
-    def _parameters(self) -> list[tuple[str, torch.Tensor]]:
-        seen: set[int] = set()
-        out = []
-        for source in self._sources:
-            for name, param in source.parameters():
-                if id(param) not in seen:  # tied weights are recorded once
-                    seen.add(id(param))
-                    out.append((name, param))
-        return out
-
-    def _parameter_jobs(self, saving: frozenset[str]) -> list[TensorJob]:
-        return self._parameter_job_cache.jobs(self.planner, self._parameters(), saving)
-
-    def _pending_jobs(self, saving: frozenset[str], mode: ModeKeys) -> list[TensorJob]:
-        """Jobs for everything captured in ``mode`` since its last boundary; forgets those."""
-        return gather.pending_jobs(self.planner, self._pending, saving, mode)
-
-    def _optimizer_scalars(self, optimizer: torch.optim.Optimizer | None, saving: frozenset[str]) -> list[ScalarEntry]:
-        return gather.optimizer_scalars(optimizer, saving)
-
-    def _source_scalars(self, saving: frozenset[str]) -> list[ScalarEntry]:
-        out: list[ScalarEntry] = []
-        for source in self._sources:
-            step_scalars = getattr(source, "step_scalars", None)
-            if step_scalars is not None:
-                out += step_scalars(saving, self.global_step)
-        return out
-
     @guarded
     def _finish_train_step(self) -> None:
         if self._pre_step is None:
@@ -623,60 +473,6 @@ class Recorder:
             PendingStep(self.global_step, mode, mode_step, self.worker, time.time(), list(host_scalars), parts)
         )
 
-    # ------------------------------------------------------------------ training dynamics and epochs
-
-    def _dynamics_before_update(self, saving: frozenset[str], mode: ModeKeys) -> None:
-        """Read what the ``dynamics`` collection needs before the optimizer step: on a saved step
-        and on the step before one (the previous gradient and update for the cosines)."""
-        next_saves = (
-            self.planner.is_enabled(Kind.DYNAMICS)
-            and bool(self._saving_any_rank())
-            and self.planner.saves(Kind.DYNAMICS, mode, self._mode_steps[mode] + 1)
-        )
-        self.dynamics.before_update(self._parameters, self.global_step, Kind.DYNAMICS in saving, next_saves, gather.local_piece)
-
-    def _saving_any_rank(self) -> bool:
-        return not (self.world_size > 1 and self.include_workers == "one" and self.rank != 0)
-
-    def _dynamics_of_modules(self, saving: frozenset[str], mode: ModeKeys) -> tuple[list[TensorJob], DerivedScalars | None]:
-        """The module statistics of ``dynamics`` captured in ``mode`` (dead units, per-sample
-        norms); under ``include_workers="reduce"`` summed across ranks (a collective)."""
-        if Kind.DYNAMICS not in saving or not self.dynamics.config.module_statistics:
-            self.dynamics.drop_captures(mode)
-            return [], None
-        return self.dynamics.module_results(mode, self._live_reducer(saving))
-
-    def _to_host(self, tensor: torch.Tensor) -> Any:
-        self._engine.host_copies += 1  # a second, small copy: counted like the engine's NaN pass
-        return tensor.cpu().numpy()
-
-    def read_clipped_gradients(self) -> None:
-        """Read the gradients again after clipping, between :meth:`prepare_step` and :meth:`step`
-        (the Lightning callback does it with ``record_clipped_gradients``):
-        ``dynamics/global`` then also holds ``grad_norm_clipped``."""
-        self._check_open("read clipped gradients")
-        self.dynamics.read_clipped(self._parameters(), gather.local_piece)
-
-    def end_epoch(self, epoch: int | None = None) -> None:
-        """Close an epoch: record the mean, min, max and std of the chosen statistics
-        (``epoch_statistics``) across the train steps saved since the last ``end_epoch``, under
-        ``epochs/<collection>/<tensor>`` with statistics ``<stat>_mean``, ``<stat>_min``, ...,
-        in a record of mode ``epoch`` whose mode step is ``epoch`` (default: one more than the
-        last). Lightning's callback calls it at ``on_train_epoch_end``.
-
-        >>> hook.end_epoch()                                                            # doctest: +SKIP
-        >>> run.tensor("epochs/gradients/fc1.weight").reduction_value(step=0, name="l2_mean")  # doctest: +SKIP
-        """
-        self._check_open("end an epoch")
-        if epoch is None:
-            epoch = self._mode_steps[ModeKeys.EPOCH]
-        elif isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise expected("epoch", "None or an integer >= 0", epoch)
-        self._mode_steps[ModeKeys.EPOCH] = epoch + 1
-        if self.world_size > 1 and self.include_workers != "all" and self.rank != 0:
-            return  # as for steps: rank 0 records (the statistics it aggregates are the merged ones)
-        self._dispatcher.submit(EpochEnd(self.global_step, epoch, self.worker, time.time()))
-
     # ------------------------------------------------------------------ lifecycle
 
     def warn_once(self, message: str) -> None:
@@ -750,15 +546,3 @@ class Recorder:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(run_dir={self.run_dir!r}, step={self.global_step}, collections={self.enabled_collections()})"
-
-
-def _metadata_of(recorder: Recorder) -> LazyMetadata:
-    """The run's metadata, built when the first backend opens (the sources are known by then);
-    a weak reference, so the dispatcher's threads never keep a dropped recorder alive."""
-    ref = weakref.ref(recorder)
-
-    def build() -> dict[str, Any]:
-        found = ref()
-        return run_metadata(found, found._sources) if found is not None else {}
-
-    return LazyMetadata(build)

@@ -23,13 +23,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
-from tensorlens.engine.assemble import HostStatistics, _HostHistogram
-from tensorlens.engine.jobs import DerivedScalars, ReducedPiece, TensorJob, WorkerReducer, reduce_now, reduce_plan
+from tensorlens.engine.assemble import HostHistograms, HostStatistics
+from tensorlens.engine.job_values import plain, prepared, reduced_pieces
+from tensorlens.engine.jobs import DerivedScalars, ReducedPiece, TensorJob, WorkerReducer
 from tensorlens.engine.step_plan import REDUCED, VALUES, HistogramGroup, StepPlan, plain_piece, signature
 from tensorlens.stats import native
 from tensorlens.stats.histogram import (
@@ -45,11 +46,7 @@ from tensorlens.stats.moments import (
     as_values,
     merge_partials,
     native_partial_rows,
-    needed_columns,
-    nonfinite_counts,
-    partial_rows,
 )
-from tensorlens.stats.sparse import is_sparse, sparse_summary
 from tensorlens.stats.torch_rows import finite_range_rows
 
 _NAN, _INF = COL["nan_count"], COL["inf_count"]
@@ -142,9 +139,9 @@ class StepStatistics:
                 continue
             plain.append(False)
             try:
-                job = self._prepared(job)
+                job = prepared(job)
                 if any(isinstance(piece, ReducedPiece) for piece in job.pieces):
-                    job = dataclasses.replace(job, pieces=self._reduced_pieces(job))
+                    job = dataclasses.replace(job, pieces=reduced_pieces(job))
                 else:
                     converted[len(out)] = self._values(job)  # raises here, per tensor, for what cannot be read
                 out.append(job)
@@ -191,7 +188,7 @@ class StepStatistics:
         """The job's values, flat in the compute dtype."""
         pieces = []
         for piece in job.pieces:
-            piece = _plain(piece.detach())
+            piece = plain(piece.detach())
             if piece.is_complex():
                 if not self._warned_complex:
                     warnings.warn(
@@ -205,46 +202,6 @@ class StepStatistics:
         if len(pieces) == 1:
             return pieces[0]
         return torch.cat(pieces)
-
-    def _prepared(self, job: TensorJob) -> TensorJob:
-        """``job`` with its sparse pieces summarised (their stored values and implicit zeros);
-        tensors of other layouts become plain strided tensors in :meth:`_values`."""
-        if not any(isinstance(p, torch.Tensor) and is_sparse(p) for p in job.pieces):
-            return job
-        histogram = job.histogram if job.histogram is not None and job.histogram.enabled and not job.plain_scalar else None
-        pieces: list[torch.Tensor | ReducedPiece] = []
-        for piece in job.pieces:
-            if isinstance(piece, torch.Tensor) and is_sparse(piece):
-                row, sample = sparse_summary(
-                    piece, needed_columns(job.stats), histogram.sample if histogram else None, histogram is not None
-                )
-                pieces.append(ReducedPiece(None, sample, piece.shape, piece.dtype, piece.device, partial_row=row))
-            else:
-                pieces.append(piece)
-        raw = None
-        if job.save_raw:  # the raw tensor asked for is the dense one
-            raw = torch.cat([as_values(_plain(p.to_dense() if is_sparse(p) else p).reshape(-1)) for p in job.pieces])
-        return dataclasses.replace(job, pieces=pieces, raw=raw)
-
-    @staticmethod
-    def _reduced_pieces(job: TensorJob) -> list[ReducedPiece]:
-        """Every piece of a job with a reduced one, reduced (a module whose calls were captured
-        both ways, which only a change of device or dtype between calls can cause)."""
-        out = []
-        for piece in job.pieces:
-            if not isinstance(piece, ReducedPiece):
-                plan = reduce_plan(job.stats, job.histogram)
-                reduced = reduce_now(piece, plan) if plan is not None else None
-                if reduced is None:  # e.g. a dense tensor saved next to a sparse one: a partial row of its own
-                    values = as_values(_plain(piece.detach()))
-                    row = partial_rows([values], [needed_columns(job.stats)])[0]
-                    row[[_NAN, _INF]] = nonfinite_counts(values)
-                    hist = job.histogram
-                    sample = strided_sample(values, hist.sample) if hist is not None and hist.enabled else values.new_empty(0)
-                    reduced = ReducedPiece(None, sample, piece.shape, piece.dtype, piece.device, partial_row=row)
-                piece = reduced
-            out.append(piece)
-        return out
 
     def _to_host(self, tensor: torch.Tensor) -> np.ndarray:
         self.host_copies += 1
@@ -490,7 +447,7 @@ class _Step:
 
     def _copy(
         self, rows: torch.Tensor, hists: list[_DeviceHistograms], derived: torch.Tensor | None = None
-    ) -> tuple[np.ndarray, _HostHistograms, np.ndarray]:
+    ) -> tuple[np.ndarray, HostHistograms, np.ndarray]:
         """One device-to-host copy of ``rows``, every histogram and the ``derived`` values (on a
         CPU, the arrays as they are)."""
         engine = self.engine
@@ -500,7 +457,7 @@ class _Step:
         ):
             # .cpu() of a CPU tensor is the tensor itself: counted as the step's one copy all the same
             host_derived = derived.to(torch.float64).numpy().copy() if derived is not None else np.zeros(0)
-            return engine._to_host(rows), _HostHistograms([(h, h.counts.numpy(), h.extra.numpy()) for h in hists]), host_derived
+            return engine._to_host(rows), HostHistograms([(h, h.counts.numpy(), h.extra.numpy()) for h in hists]), host_derived
         parts = [rows.reshape(-1).to(torch.float64)]
         for h in hists:
             parts += [h.counts.reshape(-1).to(torch.float64), h.extra.reshape(-1).to(torch.float64)]
@@ -517,46 +474,7 @@ class _Step:
             offset += groups * bins
             found.append((h, counts, flat[offset : offset + groups * 9].reshape(groups, 9)))
             offset += groups * 9
-        return host_rows, _HostHistograms(found), host_derived
-
-
-class _HostHistograms(Mapping[int, _HostHistogram]):
-    """The histograms of a step by job index, kept as the arrays they arrived in: the
-    :class:`_HostHistogram` objects are made at the first look (on the dispatcher thread), all at
-    once, not one per tensor on the training thread."""
-
-    def __init__(self, groups: list[tuple[_DeviceHistograms, np.ndarray, np.ndarray]]) -> None:
-        self._groups = groups
-        self._made: dict[int, _HostHistogram] | None = None
-
-    def _all(self) -> dict[int, _HostHistogram]:
-        if self._made is None:
-            made = {}
-            for h, counts, extra in self._groups:
-                dtype = np.dtype(str(h.dtype).removeprefix("torch."))
-                for g, (i, row, sampled) in enumerate(zip(h.index, extra.tolist(), h.sampled, strict=True)):
-                    low, high, scale, data_low, data_high, binned, rejected, underflow, overflow = row
-                    made[i] = _HostHistogram(
-                        counts[g], low, high, scale, dtype, data_low, data_high,
-                        int(binned), int(rejected), int(underflow), int(overflow), sampled,
-                    )
-            self._made = made
-        return self._made
-
-    def __getitem__(self, i: int) -> _HostHistogram:
-        return self._all()[i]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._all())
-
-    def __len__(self) -> int:
-        return sum(len(h.index) for h, _, _ in self._groups)
-
-    def keys(self):  # type: ignore[override]  # dict(self) and sorted(self) read the built dict directly
-        return self._all().keys()
-
-    def items(self):  # type: ignore[override]
-        return self._all().items()
+        return host_rows, HostHistograms(found), host_derived
 
 
 def _merge_workers(
@@ -586,20 +504,3 @@ def _warn(warn: Callable[[str], None] | None, name: str, err: Exception) -> None
         warn(message)
     else:
         warnings.warn(f"tensorlens: {message}", stacklevel=3)
-
-
-def _plain(tensor: torch.Tensor) -> torch.Tensor:
-    """A strided tensor of plain values: quantized dequantized, nested flattened, mkldnn densified,
-    lazy conjugation and negation resolved. Meta tensors hold no values: an error."""
-    if tensor.device.type == "meta":
-        raise ValueError("a meta tensor holds no values")
-    if tensor.is_quantized:
-        tensor = tensor.dequantize()
-    if tensor.is_nested:
-        parts = tensor.unbind()
-        tensor = torch.cat([p.reshape(-1) for p in parts]) if parts else tensor.new_empty(0)
-    if tensor.layout == torch._mkldnn:  # type: ignore[attr-defined]
-        tensor = tensor.to_dense()
-    if tensor.layout != torch.strided:
-        raise ValueError(f"tensors of layout {tensor.layout} are not supported")
-    return tensor.resolve_conj().resolve_neg()

@@ -1,0 +1,105 @@
+"""The layout's principles, checked: no import cycle among tensorlens's modules, every module opens
+with a docstring saying what it holds, none grows far past 500 lines, and the core imports no
+optional dependency at module level (``import tensorlens`` needs only torch and numpy)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = {"tensorlens": os.path.join(ROOT, "tensorlens"), "tensorlens.integrations": os.path.join(ROOT, "integrations")}
+MAX_LINES = 560  # "about 500": a module past this is doing two things
+OPTIONAL = {"wandb", "mlflow", "tensorboard", "lightning", "pytorch_lightning", "transformers", "matplotlib", "click",
+            "tqdm", "pyarrow", "accelerate", "websocket"}
+
+
+def modules() -> dict[str, str]:
+    found = {}
+    for package, folder in PACKAGES.items():
+        for dirpath, _, files in os.walk(folder):
+            for file in files:
+                if file.endswith(".py"):
+                    rel = os.path.relpath(os.path.join(dirpath, file), folder)[:-3].replace(os.sep, ".")
+                    name = package if rel == "__init__" else f"{package}.{rel.removesuffix('.__init__')}"
+                    found[name] = os.path.join(dirpath, file)
+    return found
+
+
+def module_level_imports(path: str, name: str) -> set[str]:
+    """tensorlens modules imported when ``name`` is imported (not inside functions, not for typing)."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    out: set[str] = set()
+    package = name if path.endswith("__init__.py") else name.rsplit(".", 1)[0]
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
+                continue
+            if isinstance(node, ast.Import):
+                out.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                out.add(base)
+                out.update(f"{base}.{alias.name}" for alias in node.names)
+            elif isinstance(node, (ast.If, ast.Try)):
+                visit(node.body + node.orelse + getattr(node, "finalbody", []))
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+
+    visit(tree.body)
+    return out
+
+
+def test_no_import_cycle() -> None:
+    mods = modules()
+    graph = {name: {m for m in module_level_imports(path, name) if m in mods and m != name} for name, path in mods.items()}
+    # importing a submodule imports its packages first
+    for name in list(graph):
+        graph[name] |= {p for p in (".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)) if p in mods} - {name}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt == "tensorlens" or nxt.startswith("tensorlens.") and node.startswith(nxt + "."):
+                continue  # a module importing its own package: the package is already being imported
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt):] + [nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 5000))
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+
+
+@pytest.mark.parametrize("name", sorted(modules()))
+def test_every_module_says_what_it_holds_and_stays_small(name: str) -> None:
+    path = modules()[name]
+    source = open(path, encoding="utf-8").read()
+    tree = ast.parse(source)
+    if source.strip():
+        assert ast.get_docstring(tree), f"{name} opens with no docstring"
+    assert source.count("\n") <= MAX_LINES, f"{name} has {source.count(chr(10))} lines (> {MAX_LINES})"
+
+
+# The CLI's subcommand modules are built on click (the ``cli`` extra): ``tensorlens.cli`` itself checks
+# for it and names the extra before it imports them, and nothing else imports them.
+@pytest.mark.parametrize(
+    "name", sorted(n for n in modules() if not n.startswith(("tensorlens.integrations", "tensorlens.cli.")))
+)
+def test_the_core_imports_no_optional_dependency_at_import_time(name: str) -> None:
+    imported = {m.split(".")[0] for m in module_level_imports(modules()[name], name)}
+    assert not imported & OPTIONAL, f"{name} imports {sorted(imported & OPTIONAL)} at module level"
