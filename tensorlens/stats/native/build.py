@@ -14,13 +14,8 @@ others, its parents owned by this user or root and not writable by others (unles
 that fails these checks is not touched: the kernel is built in a private temporary folder
 (``mkdtemp``, mode 0700) for this process, which is removed once the library is loaded, and one
 warning names the cache folder.
-``TENSORLENS_NATIVE_THREADS`` caps the threads of a call (default: ``torch.get_num_threads()``).
-
-Threads: where PyTorch's own ``libgomp.so.1`` is loaded (its Linux wheels), the kernel is built
-with ``-fopenmp`` and runs on PyTorch's OpenMP pool, whose workers are still spinning right after
-an op and take the kernel's chunks at once (a thread each 64K values). Elsewhere it starts its own
-threads, only for a million values or more each: right after an op a new thread competes with the
-pool's spinning workers (measured slower on smaller tensors).
+How the kernel uses threads (PyTorch's OpenMP pool where its ``libgomp.so.1`` is loaded, else
+its own): see :mod:`tensorlens.stats.native`.
 """
 
 from __future__ import annotations
