@@ -575,7 +575,7 @@ def _hook_time_unsaved(trainer: Trainer, calls: int = 2000) -> float:
     model, optimizer, steps = trainer.model, trainer.optimizer, hook.global_step
     started = time.perf_counter()
     for _ in range(calls):
-        hook._root_forward_pre(model, ())
+        hook._root_forward_pre(model, (), {})
         hook._root_forward_post(model, (), None)
         hook._optimizer_pre_step(optimizer, (), {})
         hook._optimizer_post_step(optimizer, (), {})
