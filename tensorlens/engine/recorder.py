@@ -13,6 +13,11 @@ API; sources (the watched modules) give it parameters and attach captures on sav
 
 Statistics of a saved step are computed on the tensors' device in a few batched kernels, copied
 to the host once and handed to the dispatcher, whose thread builds the step's one record.
+
+What the recorder is given (``save_scalar``, ``save_tensor``, captures, its sources' parameters)
+is in engine/inputs.py, when it feeds the ``dynamics`` collection and ``end_epoch`` in
+engine/recorder_dynamics.py (both mixins of :class:`Recorder`), and its argument checks and run
+folder in engine/run_setup.py.
 """
 
 from __future__ import annotations
