@@ -105,6 +105,8 @@ class StepStatistics:
         """Statistics of ``jobs`` (and the ``derived`` values, in the same host copy). A tensor
         that cannot be summarised costs only itself: it is left out of the result with one
         warning naming it (``warn``), never the step."""
+        if not jobs and derived is None and reducer is None:  # an unsaved step's end: nothing to do
+            return HostStatistics([], np.zeros((0, len(PARTIALS))), {}, {})
         jobs, failed, converted = self._isolate(jobs, warn)
         if reducer is not None:
             # every rank must make the same collectives: a failed job keeps its place with an
