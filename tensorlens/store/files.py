@@ -12,13 +12,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sqlite3
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
+from tensorlens.store import legacy
 from tensorlens.store.schema import connect, select
 from tensorlens.store.validate import (
     CorruptRunError,
     Layout,
+    SchemaVersionError,
     check_file,
     check_kind,
     check_row,
@@ -63,8 +66,11 @@ class StepRow:
 class StoreFile:
     """One ``tensorlens*.sqlite`` of a run, read only after :func:`check_file` and :func:`check_tables`."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, read_legacy: bool = True) -> None:
         self.path = path
+        # a schema-3 store is read through a converted copy (store/legacy.py); never for resuming
+        self._read_legacy = read_legacy
+        self._legacy_copy: weakref.finalize | None = None
         self.ready = False  # holds our tables (checked); until then it is read as empty
         self.db: sqlite3.Connection | None = None
         self._steps: dict[Key, StepRow] = {}
@@ -77,6 +83,8 @@ class StoreFile:
     def close(self) -> None:
         if self.db is not None:
             self.db.close()
+        if self._legacy_copy is not None:
+            self._legacy_copy()  # removes the converted copy (also done when collected, or at exit)
 
     def guard(self, fn: Callable[[], _T], table: str | None = None) -> _T:
         """``fn()``, with SQLite's errors (a malformed file, a dropped table) as :class:`CorruptRunError`."""
@@ -113,8 +121,23 @@ class StoreFile:
             self.db = self.guard(lambda: connect(self.path, readonly=True))
             self.db.execute("PRAGMA cell_size_check = ON")  # SQLite's own extra checks of each page read
         db = self.db
-        self.ready = self.guard(lambda: check_tables(db, self.path))
+        try:
+            self.ready = self.guard(lambda: check_tables(db, self.path))
+        except SchemaVersionError as err:
+            if err.found != legacy.LEGACY_VERSION or not self._read_legacy:
+                raise
+            self._open_legacy()
         return self.ready
+
+    def _open_legacy(self) -> None:
+        """Read a schema-3 store through a schema-4 copy, checked like any store (errors name ``path``)."""
+        copy = legacy.converted_copy(self.path)
+        self._legacy_copy = weakref.finalize(self, legacy.remove_copy, copy)
+        assert self.db is not None
+        self.db.close()
+        db = self.db = self.guard(lambda: connect(copy, readonly=True))
+        db.execute("PRAGMA cell_size_check = ON")
+        self.ready = self.guard(lambda: check_tables(db, self.path))
 
     def _execute(self, sql: str, args: Iterable[Any] = (), table: str | None = None) -> list[tuple[Any, ...]]:
         assert self.db is not None
@@ -274,7 +297,7 @@ def last_steps(path: str) -> dict[str, int]:
     """The last stored step of each mode in one store file (checked: a damaged store raises
     :class:`CorruptRunError` rather than restart a resumed run at step 0 over its steps): the
     global step for train, the mode step otherwise. Empty for a new or empty file."""
-    store = StoreFile(path)
+    store = StoreFile(path, read_legacy=False)  # resuming writes: a schema-3 file gets the clear version error
     try:
         out: dict[str, int] = {}
         for row in store.steps().values():

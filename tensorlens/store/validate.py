@@ -53,6 +53,7 @@ class SchemaVersionError(CorruptRunError):
 
     def __init__(self, path: str, found: str) -> None:
         super().__init__(path, f"schema {found}", "meta")
+        self.found = found
         ValueError.__init__(
             self, f"{path!r} has run store schema {found}; this tensorlens reads schema {SCHEMA_VERSION} "
             "(open it with the tensorlens version that wrote it)",
