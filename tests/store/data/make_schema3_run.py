@@ -11,9 +11,11 @@ It was run once, against that release, from a checkout of it::
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
+import sqlite3
 
 import torch
 import torch.nn as nn
@@ -25,6 +27,8 @@ RUN = os.path.join(HERE, "schema3_run")
 
 
 def main() -> None:
+    release = os.environ.get("PYTHONPATH", "")
+    assert release and tl.__file__.startswith(release), f"run it with PYTHONPATH=<a checkout of c3f22d1>, not {tl.__file__}"
     shutil.rmtree(RUN, ignore_errors=True)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
@@ -34,6 +38,8 @@ def main() -> None:
         include_collections=["weights", "biases", "gradients", "activations", "losses", "scalars"], backends=["local"],
         histogram_config=tl.HistogramConfig(bins=8),
     )
+    # biases (3 and 2 values) also store their raw tensor and shape: rows of ``tensors`` and ``shapes``
+    hook.get_collection("biases").reduction_config = tl.ReductionConfig(save_raw_tensor=True, save_shape=True)
     hook.register_module(model)
     criterion = nn.MSELoss()
     hook.register_loss(criterion)
@@ -57,19 +63,23 @@ def main() -> None:
             for stat in ("mean", "l2", "min", "max", "std"):
                 try:
                     expected["values"][f"{name}|{step}|{stat}"] = view.reduction_value(step, stat)
-                except Exception:
+                except KeyError:  # a statistic its collection does not record (TensorNotFound)
                     pass
-    counts, edges = run.tensor("gradients/0.weight").histogram(2)[:2]
-    expected["histograms"]["gradients/0.weight|2"] = {"counts": [int(c) for c in counts], "edges": [float(e) for e in edges]}
+    counts, edges, info = run.tensor("gradients/0.weight").histogram_with_info(2)
+    expected["histograms"]["gradients/0.weight|2"] = {
+        "counts": [int(c) for c in counts], "edges": [float(e) for e in edges], "info": info,
+    }
+    expected["raw"] = {
+        f"{name}|{step}": run.read_tensor(name, step).tensor.tolist() for name in ("biases/0.bias", "biases/2.bias")
+        for step in run.steps()
+    }
+    expected["shapes"] = {name: list(run.shape(name)) for name in ("biases/0.bias", "biases/2.bias")}
     del run, view  # the release's reader holds the file open
-    import gc
-
     gc.collect()
-    # one file, no -wal/-shm beside it: the rollback journal (the rows are the release's own)
-    import sqlite3
-
+    # one small file, no -wal/-shm beside it: the rollback journal, small pages (the rows are the release's own)
     db = sqlite3.connect(os.path.join(RUN, "tensorlens.sqlite"))
     db.execute("PRAGMA journal_mode=DELETE")
+    db.execute("PRAGMA page_size=1024")  # applied by VACUUM: 1/4 of the file (mostly near-empty pages of 9 B-trees)
     db.execute("VACUUM")
     db.close()
     with open(os.path.join(HERE, "schema3_expected.json"), "w", encoding="utf-8") as file:
