@@ -6,7 +6,11 @@ teach the reader a second, unchecked layout, :func:`converted_copy` copies a sch
 private schema-4 file (rows written with the same checksum helpers the writer uses, row counts
 taken from the rows found), which the reader then opens and checks like any other store: every
 type, blob length and layout of the old file is still verified, only the checksums cannot vouch
-for bytes written before they existed. The user's file is opened read-only and never changed.
+for bytes written before they existed. Before a row is copied, the old file's tables must match
+:data:`LEGACY_SCHEMA` column for column, declared types and keys included (so SQLite neither
+converts nor merges a value on the way). The copy is a snapshot, so it is marked ended; a
+temporary folder without room for it is refused up front. The user's file is opened read-only
+and never changed; the reader removes the copy when the run is closed, collected, or at exit.
 
 >>> run = tl.open_run("runs/written-by-0.1.0")     # doctest: +SKIP
 """
@@ -14,7 +18,9 @@ for bytes written before they existed. The user's file is opened read-only and n
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import shutil
 import sqlite3
 import tempfile
 from collections import Counter
@@ -24,32 +30,68 @@ from tensorlens.store.schema import _SCHEMA, SCHEMA_VERSION, connect, insert, wi
 
 #: The schema version this module converts.
 LEGACY_VERSION = "3"
-#: Schema 3's tables and their columns, in order.
-LEGACY_COLUMNS: dict[str, tuple[str, ...]] = {
-    "meta": ("key", "value"),
-    "steps": ("mode", "mode_step", "worker", "step", "wall_time"),
-    "layouts": ("id", "kind", "names"),
-    "scalars": ("mode", "mode_step", "worker", "layout", "data"),
-    "histograms": ("mode", "mode_step", "worker", "layout", "counts", "edges", "info"),
-    "tensors": ("mode", "mode_step", "worker", "tensor", "step", "wall_time", "data"),
-    "shapes": ("tensor", "shape"),
-}
+#: Schema 3 as tensorlens 0.1.0 (commit c3f22d1) created it, verbatim: a file must match it column
+#: for column (name, declared type, NOT NULL, primary key) before a row of it is copied.
+LEGACY_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS steps (
+    mode TEXT NOT NULL, mode_step INTEGER NOT NULL, worker TEXT NOT NULL,
+    step INTEGER NOT NULL, wall_time REAL NOT NULL,
+    PRIMARY KEY (mode, mode_step, worker));
+CREATE TABLE IF NOT EXISTS layouts (id INTEGER PRIMARY KEY, kind TEXT NOT NULL, names TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS scalars (
+    mode TEXT NOT NULL, mode_step INTEGER NOT NULL, worker TEXT NOT NULL,
+    layout INTEGER NOT NULL, data BLOB NOT NULL,
+    PRIMARY KEY (mode, mode_step, worker));
+CREATE TABLE IF NOT EXISTS histograms (
+    mode TEXT NOT NULL, mode_step INTEGER NOT NULL, worker TEXT NOT NULL,
+    layout INTEGER NOT NULL, counts BLOB NOT NULL, edges BLOB NOT NULL, info BLOB NOT NULL,
+    PRIMARY KEY (mode, mode_step, worker));
+CREATE TABLE IF NOT EXISTS tensors (
+    mode TEXT NOT NULL, mode_step INTEGER NOT NULL, worker TEXT NOT NULL, tensor TEXT NOT NULL,
+    step INTEGER NOT NULL, wall_time REAL NOT NULL, data BLOB NOT NULL,
+    PRIMARY KEY (mode, mode_step, worker, tensor));
+CREATE TABLE IF NOT EXISTS shapes (tensor TEXT PRIMARY KEY, shape TEXT NOT NULL);
+"""
+
+
+def _declared(db: sqlite3.Connection, table: str) -> tuple[tuple[str, str, int, int], ...]:
+    """Each column of ``table``: (name, declared type, NOT NULL, position in the primary key)."""
+    return tuple((row[1], row[2].upper(), row[3], row[5]) for row in db.execute(f"PRAGMA table_info({table})"))
+
+
+def _legacy_declared() -> dict[str, tuple[tuple[str, str, int, int], ...]]:
+    db = sqlite3.connect(":memory:")
+    try:
+        db.executescript(LEGACY_SCHEMA)
+        tables = [name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY rowid")]
+        return {table: _declared(db, table) for table in tables}
+    finally:
+        db.close()
+
+
+#: Schema 3's tables and their columns as SQLite declares them; the names, in order.
+LEGACY_DECLARED = _legacy_declared()
+LEGACY_COLUMNS: dict[str, tuple[str, ...]] = {t: tuple(c[0] for c in cols) for t, cols in LEGACY_DECLARED.items()}
 _STEP_KEY = ("mode", "mode_step", "worker")
 
 
 def converted_copy(path: str) -> str:
     """A private schema-4 copy of the schema-3 store ``path``: its file name; the caller removes it.
 
-    Raises :class:`CorruptRunError` when ``path`` is not a readable schema-3 store.
+    Raises :class:`CorruptRunError` when ``path`` is not a readable schema-3 store, and
+    :class:`OSError` (``ENOSPC``) when the temporary folder has no room for the copy.
     """
+    _check_space(path, tempfile.gettempdir())
     source = connect(path, readonly=True)
     handle, copy = tempfile.mkstemp(prefix="tensorlens-schema3-", suffix=".sqlite")  # mode 0600
     os.close(handle)
     try:
+        source.execute("PRAGMA cell_size_check = ON")  # SQLite's own extra checks of each page read
         _check_tables(source, path)
         target = sqlite3.connect(copy)
         try:
-            _copy(source, target)
+            _copy(source, target, os.path.getmtime(path))
         finally:
             target.close()
     except sqlite3.Error as err:
@@ -79,16 +121,39 @@ def _remove(path: str) -> None:
 
 def _check_tables(db: sqlite3.Connection, path: str) -> None:
     tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    missing = sorted(set(LEGACY_COLUMNS) - tables)
+    missing = sorted(set(LEGACY_DECLARED) - tables)
     if missing:
         raise CorruptRunError(path, f"it says schema {LEGACY_VERSION} but tables {missing} are missing")
-    for table, wanted in LEGACY_COLUMNS.items():
-        found = tuple(row[1] for row in db.execute(f"PRAGMA table_info({table})"))
-        if found != wanted:
-            raise CorruptRunError(path, f"its columns are {list(found)}, not those of schema {LEGACY_VERSION} {list(wanted)}", table)
+    for table, wanted in LEGACY_DECLARED.items():
+        found = _declared(db, table)
+        if found == wanted:
+            continue
+        names = [column[0] for column in found]
+        if names != list(LEGACY_COLUMNS[table]):
+            raise CorruptRunError(path, f"its columns are {names}, not those of schema {LEGACY_VERSION} {list(LEGACY_COLUMNS[table])}", table)
+        # same names, other types or keys: SQLite would convert or merge values on the copy
+        differ = [_describe(f) for f, w in zip(found, wanted, strict=True) if f != w]
+        raise CorruptRunError(path, f"its columns {differ} are not declared as schema {LEGACY_VERSION} declares them", table)
 
 
-def _copy(source: sqlite3.Connection, target: sqlite3.Connection) -> None:
+def _describe(column: tuple[str, str, int, int]) -> str:
+    name, kind, not_null, key = column
+    return " ".join(filter(None, (name, kind or "(no type)", "NOT NULL" if not_null else "", "PRIMARY KEY" if key else "")))
+
+
+def _check_space(path: str, directory: str) -> None:
+    """Refuse before copying when the temporary folder cannot hold a copy of ``path`` (and its WAL)."""
+    needed = sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.isfile(p))
+    free = shutil.disk_usage(directory).free
+    if needed > free:
+        raise OSError(
+            errno.ENOSPC,
+            f"reading the schema-{LEGACY_VERSION} store {path!r} needs a converted copy of about {needed} bytes "
+            f"in {directory!r}, which has {free} free; set TMPDIR to a folder with room",
+        )
+
+
+def _copy(source: sqlite3.Connection, target: sqlite3.Connection, ended_at: float) -> None:
     def rows(table: str) -> sqlite3.Cursor:
         return source.execute(f"SELECT {', '.join(LEGACY_COLUMNS[table])} FROM {table}")
 
@@ -110,11 +175,14 @@ def _copy(source: sqlite3.Connection, target: sqlite3.Connection) -> None:
     )
     for table in ("layouts", "shapes"):
         target.executemany(insert(table), (with_checksum(*row) for row in rows(table)))
-    meta = {key: value for key, value in rows("meta")}
+    meta = dict(rows("meta").fetchall())
     (layouts,), = source.execute("SELECT count(*) FROM layouts").fetchall()
     (shapes,), = source.execute("SELECT count(*) FROM shapes").fetchall()
     # the counts schema 4 keeps in meta, from the rows found; the version the copy is written in
     meta.update({"schema_version": SCHEMA_VERSION, "layout_rows": str(layouts), "shape_rows": str(shapes)})
+    # the copy never grows: it has ended (schema 3 did not record it), else a reader that follows
+    # the run until it ends (``Run.ended``, ``tl.rules.invoke(..., wait=True)``) would wait forever
+    meta["ended_at"] = repr(ended_at)
     target.executemany(insert("meta"), (with_checksum(key, value) for key, value in meta.items()))
     target.execute("COMMIT")
 
