@@ -149,9 +149,7 @@ class CallerValues:
         return out
 
     def _parameter_jobs(self, saving: frozenset[str]) -> list[TensorJob]:
-        if not saving:  # an unsaved step: not even the walk over the model's parameters
-            return []
-        return self._parameter_job_cache.jobs(self.planner, self._parameters(), saving)
+        return self._parameter_job_cache.jobs(self.planner, self._parameters, saving)
 
     def _pending_jobs(self, saving: frozenset[str], mode: ModeKeys) -> list[TensorJob]:
         """Jobs for everything captured in ``mode`` since its last boundary; forgets those."""

@@ -13,6 +13,7 @@ or config (``tests/test_step_plan.py`` changes each between steps).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,7 +34,7 @@ class ParameterJobs:
     """Jobs for the weights, biases and gradients of parameters, from templates kept across steps.
 
     >>> cache = ParameterJobs()
-    >>> jobs = cache.jobs(planner, [("fc.weight", weight)], saving)  # doctest: +SKIP
+    >>> jobs = cache.jobs(planner, lambda: [("fc.weight", weight)], saving)  # doctest: +SKIP
     """
 
     def __init__(self) -> None:
@@ -41,13 +42,18 @@ class ParameterJobs:
         self._entries: list[tuple[torch.Tensor, list[_Template], list[_Template], bool]] = []
         self.built = 0  # times the templates were (re)built, for tests
 
-    def jobs(self, planner: Planner, parameters: list[tuple[str, torch.Tensor]], saving: frozenset[str]) -> list[TensorJob]:
-        """The same jobs as :func:`tensorlens.engine.gather.parameter_jobs`, in the same order."""
+    def jobs(
+        self, planner: Planner, parameters: Callable[[], list[tuple[str, torch.Tensor]]], saving: frozenset[str]
+    ) -> list[TensorJob]:
+        """The same jobs as :func:`tensorlens.engine.gather.parameter_jobs`, in the same order.
+        ``parameters()`` is called only when ``saving`` holds a parameter collection: a step
+        that records none (an unsaved one) does not walk the model."""
         if not planner.with_kinds(saving, PARAMETER_KINDS):
             return []
-        key = (saving, planner.version, [name for name, _ in parameters], [id(p) for _, p in parameters])
+        found = parameters()
+        key = (saving, planner.version, [name for name, _ in found], [id(p) for _, p in found])
         if key != self._key:
-            self._build(planner, parameters, saving)
+            self._build(planner, found, saving)
             self._key = key
         out: list[TensorJob] = []
         append = out.append
