@@ -160,6 +160,23 @@ def test_few_million_elements() -> None:
     check_against_numpy(tensor)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("poison", [None, "nan", "inf"])
+def test_zero_counts_of_large_tensors_are_exact(dtype: torch.dtype, poison: str | None) -> None:
+    # one tensor past the stacking size (reduced alone: the PyTorch path counts its nonzeros with a
+    # dot of signs when it holds no NaN/Inf), ReLU-like, with and without NaN/Inf
+    torch.manual_seed(3)
+    tensor = torch.relu(torch.randn(300_001, dtype=dtype))
+    tensor[::7] = -0.0
+    if poison is not None:
+        tensor[5] = float(poison)
+    values, _, _ = compute([tensor])
+    a = tensor.double().numpy()
+    assert values[("t/0", "zero_fraction")] == float((a == 0).mean())
+    assert values[("t/0", "nan_count")] == float(np.isnan(a).sum())
+    assert values[("t/0", "inf_count")] == float(np.isinf(a).sum())
+
+
 def test_partials_merge_exactly() -> None:
     torch.manual_seed(2)
     whole = torch.randn(10_000, dtype=torch.float64) * 5 + 3

@@ -386,6 +386,40 @@ class ModuleCapture:
         return hook
 
 
+def _plain_walk(root: nn.Module, prefix: str, seen: set[int], out: list[tuple[str, torch.Tensor]]) -> bool:
+    """``root.named_parameters()`` (names under ``prefix``, tied parameters once), appended to
+    ``out``, read straight from each module's ``_parameters``: the same names in the same order at a
+    fraction of the cost (it runs at every saved step). ``False``, with ``out`` and ``seen``
+    unchanged, where a module overrides ``named_parameters`` or ``named_modules`` (the caller then
+    asks the module itself)."""
+    found: list[tuple[str, torch.Tensor]] = []
+    ids: list[int] = []
+    modules: set[int] = set()
+    stack = [(prefix, root)]
+    while stack:
+        at, module = stack.pop()
+        if id(module) in modules:  # a module registered twice is walked once, as named_modules does
+            continue
+        modules.add(id(module))
+        kind = type(module)
+        if kind.named_modules is not _NAMED_MODULES or (module is root and kind.named_parameters is not _NAMED_PARAMETERS):
+            seen.difference_update(ids)
+            return False
+        for name, param in module._parameters.items():
+            if param is not None and id(param) not in seen:
+                seen.add(id(param))
+                ids.append(id(param))
+                found.append((at + name, param))
+        children = [(f"{at}{name}.", child) for name, child in module._modules.items() if child is not None]
+        stack.extend(reversed(children))
+    out.extend(found)
+    return True
+
+
+_NAMED_MODULES = nn.Module.named_modules
+_NAMED_PARAMETERS = nn.Module.named_parameters
+
+
 def _wants_grad(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.requires_grad and value.dim() > 0 and (
         value.is_floating_point() or value.is_complex()
@@ -423,13 +457,16 @@ class ModuleTaps:
 
     def parameters(self) -> list[tuple[str, torch.Tensor]]:
         seen: set[int] = set()
-        out = []
+        out: list[tuple[str, torch.Tensor]] = []
         for prefix, root in self.roots:
-            for name, param in root.named_parameters():
+            start = f"{prefix}." if prefix else ""
+            if _plain_walk(root, start, seen, out):
+                continue
+            for name, param in root.named_parameters():  # a module that overrides how it is walked
                 if id(param) in seen:  # tied weights are recorded once
                     continue
                 seen.add(id(param))
-                out.append((f"{prefix}.{name}" if prefix else name, param))
+                out.append((start + name, param))
         return out
 
     def attach(self, collections: list[Any]) -> None:

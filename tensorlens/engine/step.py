@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -132,14 +132,14 @@ class StepStatistics:
         """Jobs whose values can be read: plain tensors as they are; the others prepared (sparse
         summarised, mixed pieces reduced) and converted (``converted[i]``), or replaced by an empty
         piece when they cannot be read."""
+        plain = self._plain_flags = [plain_piece(job) for job in jobs]
+        if all(plain):  # the usual step: every job a plain tensor, used as it is
+            return list(jobs), set(), {}
         out, failed, converted = [], set(), {}
-        plain = self._plain_flags = []
         for i, job in enumerate(jobs):
-            if plain_piece(job):
+            if plain[i]:
                 out.append(job)
-                plain.append(True)
                 continue
-            plain.append(False)
             try:
                 job = prepared(job)
                 if any(isinstance(piece, ReducedPiece) for piece in job.pieces):
@@ -264,8 +264,12 @@ class _Step:
     def _rows(self) -> torch.Tensor:
         plan = self.plan
         if plan.all_torch:
-            self.values = {i: self._torch_values(i) for i in plan.torch}
-            return plan.torch_rows.run(list(self.values.values()), self.engine._scratch_for)
+            if plan.torch_direct:  # many small tensors (no Python per tensor beyond a list entry)
+                values = [self.jobs[i].pieces[0] for i in plan.torch]
+            else:
+                values = [self._torch_values(i) for i in plan.torch]
+            self.values = dict(zip(plan.torch, values, strict=True))
+            return plan.torch_rows.run(values, self.engine._scratch_for)
         self.values = {}
         if self.cpu:
             host = np.full((plan.n, len(PARTIALS)), math.nan)
@@ -286,7 +290,7 @@ class _Step:
         if plan.reduced:
             rows.index_copy_(0, plan.reduced_at, self._reduced_rows().to(plan.device, non_blocking=True))
         if plan.torch:
-            values = [self._torch_values(i) for i in plan.torch]
+            values = [self.jobs[i].pieces[0] for i in plan.torch] if plan.torch_direct else [self._torch_values(i) for i in plan.torch]
             self.values.update(zip(plan.torch, values, strict=True))
             rows.index_copy_(0, plan.torch_at, plan.torch_rows.run(values, self.engine._scratch_for))
         return rows
@@ -337,6 +341,23 @@ class _Step:
             return plan.moments.sample(plan.native_slot[i], plan.value_dtypes[i])
         return strided_sample(self._flat(i), meta.histogram.sample, meta.period)
 
+    def _stacked(self, group: HistogramGroup, samples: _Samples) -> list[torch.Tensor]:
+        """:meth:`HistogramLayout.stack` of the group's samples; tensors sampled whole are
+        flattened together in one C++ call (no Python per tensor)."""
+        assert group.layout is not None
+        out = []
+        small_flat = self.plan.torch_rows.small_flat if self.plan.torch_rows is not None else None
+        for (length, at, _, _), jobs, gather in zip(group.layout.by_length, group.whole, group.gather, strict=True):
+            if gather is not None and small_flat is not None:  # float64 from the group's dtype: back exactly
+                out.append(small_flat.index_select(0, gather).view(-1, length).to(group.dtype))
+            elif jobs is not None and len(jobs) > 1:
+                tensors = [self.jobs[i].pieces[0] for i in jobs]
+                out.append(torch._C._nn.flatten_dense_tensors(tensors).view(len(tensors), length))
+            else:
+                flat = [samples[g] if samples[g].dim() == 1 else samples[g].reshape(-1) for g in at]
+                out.append(torch.stack(flat) if len(flat) > 1 else flat[0].unsqueeze(0))
+        return out
+
     def _histograms(self, group: HistogramGroup, rows: torch.Tensor, flagged: np.ndarray | torch.Tensor) -> _DeviceHistograms:
         plan, reducer = self.plan, self.reducer
         members = group.members
@@ -347,8 +368,8 @@ class _Step:
                 self._native_histograms(group, [], host[members, COL["min"]], host[members, COL["max"]]),
                 plan.partitioned_list, reducer, group.partitioned,
             )
-        samples = [self._sample(i) for i in members]
-        stacked = group.layout.stack(samples) if group.layout is not None else None
+        samples = _Samples(self, members)  # read only where needed: the usual step stacks them in bulk
+        stacked = self._stacked(group, samples) if group.layout is not None else None
         finite_only = False
         if plan.sync_free:
             # ranges chosen on the device: the tensor's, or its sample's finite one where it holds NaN/Inf
@@ -386,7 +407,7 @@ class _Step:
         return _merge_workers(out, plan.partitioned_list, reducer, group.partitioned)
 
     def _native_histograms(
-        self, group: HistogramGroup, samples: list[torch.Tensor], data_low: np.ndarray, data_high: np.ndarray
+        self, group: HistogramGroup, samples: Sequence[torch.Tensor], data_low: np.ndarray, data_high: np.ndarray
     ) -> _DeviceHistograms:
         """The group binned by the compiled kernel: the same ranges, scales and bins as the
         PyTorch path (ranges in numpy: the same IEEE operations, without a dozen ops on 16 values)."""
@@ -397,7 +418,7 @@ class _Step:
         if group.batch is not None:
             found = group.batch.run(low, high, scale)
         else:
-            found = native.histograms(samples, [1] * len(samples), low, high, scale, bins, clip=fixed is not None)
+            found = native.histograms(list(samples), [1] * len(samples), low, high, scale, bins, clip=fixed is not None)
         if found is None:
             raise RuntimeError("the compiled statistics kernel is not available")
         counts, below, above = found
@@ -408,7 +429,7 @@ class _Step:
         )
 
     def _torch_histograms(
-        self, group: HistogramGroup, samples: list[torch.Tensor], stacked: list[torch.Tensor] | None,
+        self, group: HistogramGroup, samples: Sequence[torch.Tensor], stacked: list[torch.Tensor] | None,
         finite_only: bool, low: torch.Tensor, high: torch.Tensor,
     ) -> _DeviceHistograms:
         plan, reducer, metas = self.plan, self.reducer, self.plan.metas
@@ -477,6 +498,26 @@ class _Step:
             found.append((h, counts, flat[offset : offset + groups * 9].reshape(groups, 9)))
             offset += groups * 9
         return host_rows, HostHistograms(found), host_derived
+
+
+class _Samples:
+    """The histogram samples of a group's members, each taken on first use."""
+
+    def __init__(self, step: _Step, members: list[int]) -> None:
+        self._step, self._members = step, members
+        self._found: dict[int, torch.Tensor] = {}
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __getitem__(self, g: int) -> torch.Tensor:
+        found = self._found.get(g)
+        if found is None:
+            found = self._found[g] = self._step._sample(self._members[g])
+        return found
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return (self[g] for g in range(len(self._members)))
 
 
 def _merge_workers(

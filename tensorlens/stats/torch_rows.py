@@ -141,6 +141,10 @@ class TorchRows:
             )
             self.small_n = to_device(lengths, torch.float64, device)
             self.small_empty = to_device([n == 0 for n in lengths], torch.bool, device)
+        #: where tensor ``k``'s values start in :attr:`small_flat` (small tensors only)
+        self.small_offsets = dict(zip(small, np.cumsum([0] + [numels[i] for i in small])[:-1].tolist()))
+        #: the last :meth:`run`'s small tensors, flattened together in float64 (their histograms read it)
+        self.small_flat: torch.Tensor | None = None
         sets: dict[frozenset[str], _BlockSet] = {}
         groups: dict[tuple[object, ...], list[int]] = {}
         for i in range(self.k):
@@ -197,6 +201,7 @@ class TorchRows:
             flat = torch._C._nn.flatten_dense_tensors(values).to(torch.float64)
         else:
             flat = torch.cat([v.reshape(-1).to(torch.float64) for v in values])
+        self.small_flat = flat
         segment, n, empty = self.small_segment, self.small_n, self.small_empty
         zeros = torch.zeros(len(values), dtype=torch.float64, device=self.device)
 
@@ -254,9 +259,11 @@ class TorchRows:
             matrix = torch.stack([values[i] for i in positions]) if stacked else values[positions[0]].view(1, n)
             total = matrix.sum(1)
             nonfinite = None
+            finite = False  # known to hold neither NaN nor Inf
             if self.counts == "flagged":
                 nonfinite = torch.zeros((len(positions), 2), dtype=torch.float64)
-                if not np.isfinite(total.numpy()).all():  # a read on the CPU, free
+                finite = bool(np.isfinite(total.numpy()).all())  # a read on the CPU, free
+                if not finite:
                     buf = scratch(matrix)[: matrix.numel()].view_as(matrix) if scratch is not None else None
                     nonfinite = _flagged_counts(matrix, buf)
                     if bool((nonfinite[:, 0] == n).all()):  # NaN throughout: every other statistic is NaN
@@ -265,7 +272,7 @@ class TorchRows:
                             zero_counts.append(torch.full((len(positions),), float(n), dtype=torch.float64))
                         counts.append(nonfinite)
                         continue
-            found, zeros, first_pass_counts = _block_raw(matrix, block_set, scratch, total)
+            found, zeros, first_pass_counts = _block_raw(matrix, block_set, scratch, total, finite)
             raw.append(found)
             if zeros is not None:
                 zero_counts.append(zeros)
@@ -332,10 +339,11 @@ def _partial_column(
 
 def _block_raw(
     matrix: torch.Tensor, block_set: _BlockSet, scratch: Callable[[torch.Tensor], torch.Tensor] | None,
-    total: torch.Tensor,
+    total: torch.Tensor, finite: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Raw reductions ``[k, len(block_set.raw)]`` of the ``k`` rows of ``matrix`` ``[k, n]`` (in
-    its dtype; ``total``: their sums), its zero counts and its ``[k, 2]`` NaN/Inf counts where asked."""
+    its dtype; ``total``: their sums), its zero counts and its ``[k, 2]`` NaN/Inf counts where asked
+    (``finite``: the rows are known to hold neither NaN nor Inf)."""
     k, n = matrix.shape
     cols = block_set.cols
     buf = scratch(matrix)[: k * n].view(k, n) if scratch is not None else torch.empty_like(matrix)
@@ -366,7 +374,13 @@ def _block_raw(
     # zeros and NaN together: n - sum |sign(x)| (float ops; a comparison into bools and their sum
     # take 2.5x longer on a CPU); the caller subtracts the NaN count
     zeros = None
-    if block_set.zeros:
+    if block_set.zeros and finite and k == 1 and n < _EXACT_FLOAT32_COUNT and matrix.device.type == "cpu":
+        # one tensor without NaN: the nonzeros are sign(x) . sign(x), a BLAS dot of values in
+        # {-1, 0, 1} (two passes instead of three; sums of such squares are exact below 2**24 in
+        # any order)
+        signs = torch.sign(matrix, out=buf).view(-1)
+        zeros = n - torch.dot(signs, signs).reshape(1).to(torch.float64)
+    elif block_set.zeros:
         dtype = torch.float64 if n >= _EXACT_FLOAT32_COUNT else None
         zeros = n - torch.nansum(torch.sign(matrix, out=buf).abs_(), 1, dtype=dtype).to(torch.float64)
     nonfinite = nonfinite_count_rows(matrix, buf) if block_set.counts else None
