@@ -354,6 +354,33 @@ def test_unsaved_steps_attach_nothing_and_close_removes_everything(tmp_path) -> 
     assert {name: set(vars(m)) for name, m in model.named_modules()} == attributes  # nothing written on modules
 
 
+def test_hooks_stay_between_consecutive_saved_steps_and_see_only_steps(tmp_path) -> None:
+    # saving every step: the module hooks are attached once, not around every step; a submodule
+    # called on its own between steps is not captured (as with detached hooks); an unsaved step
+    # detaches them
+    hook, memory = make_hook(tmp_path, include_collections=["activations"], save_config=tl.SaveConfig(save_steps=[0, 1, 2]))
+    model = mlp()
+    hook.register_module(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    handles = []
+    for _ in range(4):
+        out = model(torch.randn(2, 6))
+        handles.append(dict(model[0]._forward_hooks))
+        out.sum().backward()
+        opt.step()
+        opt.zero_grad()
+        with torch.no_grad():
+            model[0](torch.full((5, 6), 7.0))  # between steps: never recorded
+    hook.close()
+    assert handles[0] == handles[1] == handles[2] and len(handles[0]) == 1  # the same hook objects
+    assert handles[3] == {}  # step 3 is not saved
+    assert all(len(m._forward_hooks) == 0 for m in model[:])
+    for record in memory.records:
+        values = record.scalar_dict()
+        assert values["activations/0/numel"] == 2 * 8, record.step  # the training batch only, never the 5 rows
+    assert [r.step for r in memory.records] == [0, 1, 2]
+
+
 def test_one_host_copy_per_saved_step_and_no_per_tensor_sync(tmp_path, monkeypatch) -> None:
     hook, memory = make_hook(tmp_path, include_collections=["weights", "biases", "gradients", "activations"])
     torch.manual_seed(0)
@@ -568,3 +595,39 @@ def test_validation_inside_an_accumulation_window_keeps_each_modes_captures(tmp_
     assert len(evals) == 1
     assert evals[0].scalar_dict()["activations/0/numel"] == 7 * 8
     assert train["activations/0/numel"] == 2 * 5 * 8
+
+
+def test_parameters_are_read_as_named_parameters_gives_them() -> None:
+    # the watched parameters are read from each module's _parameters at every saved step (cheaper
+    # than named_parameters): the same names, objects and order, tied weights once, and a module
+    # that overrides how it is walked asked itself
+    from tensorlens.capture.modules import ModuleTaps
+
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(3, 3)
+            self.b = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.LayerNorm(3))
+            self.again = self.b  # one module under two names
+            self.c = nn.Linear(3, 3)
+            self.c.weight = self.a.weight  # tied
+            self.scale = nn.Parameter(torch.ones(1))
+            self.register_parameter("unused", None)
+
+    class Renamed(nn.Linear):
+        def named_parameters(self, *args, **kwargs):
+            for name, p in super().named_parameters(*args, **kwargs):
+                yield f"renamed_{name}", p
+
+    models = [Tied(), nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, batch_first=True), 2), nn.LSTM(3, 4, 2)]
+    for model in models:
+        taps = ModuleTaps(lambda *args: None)
+        taps.add_root(model, "net")
+        found = taps.parameters()
+        expected = [(f"net.{name}", p) for name, p in model.named_parameters()]
+        assert [n for n, _ in found] == [n for n, _ in expected]
+        assert all(a is b for (_, a), (_, b) in zip(found, expected, strict=True))
+    taps = ModuleTaps(lambda *args: None)
+    taps.add_root(Renamed(2, 2))
+    taps.add_root(nn.Linear(2, 2), "plain")
+    assert [n for n, _ in taps.parameters()] == ["renamed_weight", "renamed_bias", "plain.weight", "plain.bias"]

@@ -42,6 +42,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from tensorlens._runtime import compiling, in_backward
+from tensorlens.capture.parameters import append_parameters
 from tensorlens.config import DynamicsConfig
 from tensorlens.stats.derived import sample_norms
 
@@ -168,6 +169,7 @@ class ModuleCapture:
         # (weak: an id may be reused once the tensor is gone; cleared at detach)
         self._channel_first: dict[int, tuple[weakref.ref[torch.Tensor], bool]] = {}
         self._warned_dynamics = False
+        self._active = False  # between begin_step and the step's end (see end_step)
 
     @property
     def attached(self) -> bool:
@@ -188,6 +190,7 @@ class ModuleCapture:
         ``dynamics`` (and ``dynamics_composites``, chosen the same way) are read for the
         ``dynamics`` collection."""
         self.detach()
+        self._active = True
         grad_names = {name for name, _ in output_grads}
         for name, module in outputs:
             self._register(module.register_forward_hook, self._output_hook(name, name in grad_names), name)
@@ -216,8 +219,13 @@ class ModuleCapture:
                 )
 
     def _register(self, register: Callable[..., RemovableHandle], hook: Callable[..., Any], name: str, **kwargs: Any) -> None:
+        def gated(*args: Any, **kw: Any) -> Any:
+            # hooks kept attached between two saved steps see nothing outside a step (a submodule
+            # called on its own after the optimizer step), as detached ones would not
+            return hook(*args, **kw) if self._active else None
+
         try:
-            self._handles.append(register(hook, **kwargs))
+            self._handles.append(register(gated, **kwargs))
         except Exception as err:  # a TorchScript module refuses Python hooks
             if self._on_error is not None:
                 self._on_error(f"module hooks on {name or 'a module'}: {type(err).__name__}: {err}")
@@ -245,9 +253,22 @@ class ModuleCapture:
         return hook
 
     def detach(self) -> None:
-        for handle in self._handles + self._grad_handles:
+        self.end_step()
+        for handle in self._handles:
             handle.remove()
         self._handles.clear()
+
+    def resume(self) -> None:
+        """The next step begins: the hooks kept by :meth:`end_step` capture again."""
+        self._active = bool(self._handles)
+
+    def end_step(self) -> None:
+        """Forget what one step left behind (tensor hooks on its outputs, open composite calls,
+        layouts) and capture nothing until :meth:`resume`, keeping the module hooks for the next
+        saved step."""
+        self._active = False
+        for handle in self._grad_handles:
+            handle.remove()
         self._grad_handles.clear()
         self._starts.clear()
         self._channel_first.clear()
@@ -386,40 +407,6 @@ class ModuleCapture:
         return hook
 
 
-def _plain_walk(root: nn.Module, prefix: str, seen: set[int], out: list[tuple[str, torch.Tensor]]) -> bool:
-    """``root.named_parameters()`` (names under ``prefix``, tied parameters once), appended to
-    ``out``, read straight from each module's ``_parameters``: the same names in the same order at a
-    fraction of the cost (it runs at every saved step). ``False``, with ``out`` and ``seen``
-    unchanged, where a module overrides ``named_parameters`` or ``named_modules`` (the caller then
-    asks the module itself)."""
-    found: list[tuple[str, torch.Tensor]] = []
-    ids: list[int] = []
-    modules: set[int] = set()
-    stack = [(prefix, root)]
-    while stack:
-        at, module = stack.pop()
-        if id(module) in modules:  # a module registered twice is walked once, as named_modules does
-            continue
-        modules.add(id(module))
-        kind = type(module)
-        if kind.named_modules is not _NAMED_MODULES or (module is root and kind.named_parameters is not _NAMED_PARAMETERS):
-            seen.difference_update(ids)
-            return False
-        for name, param in module._parameters.items():
-            if param is not None and id(param) not in seen:
-                seen.add(id(param))
-                ids.append(id(param))
-                found.append((at + name, param))
-        children = [(f"{at}{name}.", child) for name, child in module._modules.items() if child is not None]
-        stack.extend(reversed(children))
-    out.extend(found)
-    return True
-
-
-_NAMED_MODULES = nn.Module.named_modules
-_NAMED_PARAMETERS = nn.Module.named_parameters
-
-
 def _wants_grad(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.requires_grad and value.dim() > 0 and (
         value.is_floating_point() or value.is_complex()
@@ -435,6 +422,9 @@ class ModuleTaps:
     >>> taps = ModuleTaps(recorder.capture, recorder.warn_once, recorder.dynamics)   # doctest: +SKIP
     >>> taps.add_root(model); recorder.add_source(taps)           # doctest: +SKIP
     """
+
+    #: :meth:`parameters` lists each parameter once (tied ones under their first name)
+    unique_parameters = True
 
     def __init__(
         self, capture: OnTensor, warn: Callable[[str], None] | None = None, dynamics: DynamicsSink | None = None
@@ -460,7 +450,7 @@ class ModuleTaps:
         out: list[tuple[str, torch.Tensor]] = []
         for prefix, root in self.roots:
             start = f"{prefix}." if prefix else ""
-            if _plain_walk(root, start, seen, out):
+            if append_parameters(root, start, seen, out):
                 continue
             for name, param in root.named_parameters():  # a module that overrides how it is walked
                 if id(param) in seen:  # tied weights are recorded once
@@ -506,6 +496,14 @@ class ModuleTaps:
 
     def detach(self) -> None:
         self._capture.detach()
+
+    def end_step(self) -> None:
+        """A step ended and the next one saves the same module tensors: the hooks stay, idle
+        until :meth:`resume`."""
+        self._capture.end_step()
+
+    def resume(self) -> None:
+        self._capture.resume()
 
     def describe(self) -> list[dict[str, Any]]:
         """:func:`describe_modules` of every root, under its prefix."""

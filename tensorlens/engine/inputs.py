@@ -139,6 +139,8 @@ class CallerValues:
         return reduce_now(tensor, plan) if plan is not None else None
 
     def _parameters(self) -> list[tuple[str, torch.Tensor]]:
+        if len(self._sources) == 1 and getattr(self._sources[0], "unique_parameters", False):
+            return self._sources[0].parameters()  # it lists each parameter once already
         seen: set[int] = set()
         out = []
         for source in self._sources:

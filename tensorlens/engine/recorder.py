@@ -26,7 +26,7 @@ import functools
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -49,6 +49,7 @@ from tensorlens.engine.plan import Planner
 from tensorlens.engine.plan_cache import ParameterJobs
 from tensorlens.engine.recorder_dynamics import DynamicsSteps
 from tensorlens.engine.run_setup import WORKER_MODES, check_arguments, locate_run, stored_step_counters
+from tensorlens.engine.sources import ScalarSource, SourceHooks, TensorSource
 from tensorlens.engine.step import StepStatistics
 from tensorlens.modes import ModeKeys
 from tensorlens.records import ScalarEntry
@@ -61,24 +62,6 @@ if TYPE_CHECKING:
     from tensorlens.rules.base import Rule
 
 __all__ = ["REDUCE_WHEN_CAPTURED", "Recorder", "ScalarSource", "TensorSource", "WORKER_MODES"]
-
-
-class TensorSource(Protocol):
-    """What the recorder reads parameters from and asks to capture module tensors on saved steps
-    (:class:`tensorlens.capture.modules.ModuleTaps` for ``nn.Module`` roots)."""
-
-    def parameters(self) -> list[tuple[str, torch.Tensor]]: ...
-
-    def attach(self, collections: list[Collection]) -> None: ...
-
-    def detach(self) -> None: ...
-
-
-class ScalarSource(TensorSource, Protocol):
-    """A source that also gives numbers of its own when a train step ends (after backward), such
-    as the per-op scales (:class:`tensorlens.scales.source.ScaleSource`)."""
-
-    def step_scalars(self, saving: frozenset[str], step: int) -> list[ScalarEntry]: ...
 
 
 def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -173,7 +156,7 @@ class Recorder(CallerValues, DynamicsSteps):
         self._mode = ModeKeys.TRAIN
         self._open_eval: ModeKeys | None = None  # an eval/predict step that has begun
         self._sources: list[TensorSource] = []
-        self._attached = False
+        self._hooks = SourceHooks(self._sources)
         self._pending = PendingCaptures()
         self._mark: tuple[dict[object, int], ...] | None = None  # pending at the last begin_step
         self._dynamics_mark: Any = None  # the dynamics' module captures at the last begin_step
@@ -323,11 +306,7 @@ class Recorder(CallerValues, DynamicsSteps):
         self._dynamics_mark = self.dynamics.mark()
         if mode in (ModeKeys.EVAL, ModeKeys.PREDICT):
             self._open_eval = mode
-        module_collections = self.planner.with_kinds(self._saving(mode), MODULE_KINDS)
-        if module_collections and not self._attached:
-            for source in self._sources:
-                source.attach(module_collections)
-            self._attached = True
+        self._hooks.begin(self.planner.with_kinds(self._saving(mode), MODULE_KINDS), self.planner.version)
 
     def abandon_step(self) -> None:
         """Forget what was captured since the last :meth:`begin_step`: its forward raised and the
@@ -448,13 +427,7 @@ class Recorder(CallerValues, DynamicsSteps):
         self._mode_steps[mode] += 1
         if mode != ModeKeys.TRAIN:
             self._mode_steps[ModeKeys.TRAIN] = self.global_step
-        self._detach_sources()
-
-    def _detach_sources(self) -> None:
-        if self._attached:
-            for source in self._sources:
-                source.detach()
-            self._attached = False
+        self._hooks.end(self.planner.with_kinds(self._saving(mode), MODULE_KINDS), self.planner.version)
 
     def _close_eval_step(self) -> None:
         mode = self._open_eval
@@ -467,7 +440,7 @@ class Recorder(CallerValues, DynamicsSteps):
         if jobs or module_scalars is not None or (self._reducer is not None and saving):  # "reduce": every rank, for the collectives
             self._submit(mode, self._mode_steps[mode], [self._compute(jobs, saving, module_scalars)], [])
         self._mode_steps[mode] += 1
-        self._detach_sources()
+        self._hooks.detach()
 
     def _submit(self, mode: ModeKeys, mode_step: int, parts: list[HostStatistics], host_scalars: list[ScalarEntry]) -> None:
         if not any(p.jobs or p.derived_names for p in parts) and not host_scalars:
@@ -528,7 +501,7 @@ class Recorder(CallerValues, DynamicsSteps):
         except Exception as err:
             self.warn_once(f"close: {type(err).__name__}: {err}")
         self._closed = True
-        self._detach_sources()
+        self._hooks.detach()
         self._pending.clear()
         self.dynamics.release()
         summaries.deactivate(self)

@@ -24,6 +24,7 @@ import dataclasses
 import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,7 +32,7 @@ import torch
 from tensorlens.engine.assemble import HostHistograms, HostStatistics
 from tensorlens.engine.job_values import plain, prepared, reduced_pieces
 from tensorlens.engine.jobs import DerivedScalars, ReducedPiece, TensorJob, WorkerReducer
-from tensorlens.engine.step_plan import REDUCED, VALUES, HistogramGroup, StepPlan, plain_piece, signature
+from tensorlens.engine.step_plan import REDUCED, VALUES, HistogramGroup, StepPlan, plain_signature, signature
 from tensorlens.stats import native
 from tensorlens.stats.histogram import (
     histogram_counts,
@@ -80,7 +81,7 @@ class StepStatistics:
         self.plans_built = 0
         self.sync_free = sync_free
         self._plan: StepPlan | None = None
-        self._plain_flags: list[bool] = []
+        self._plain: list[tuple[Any, ...] | None] = []  # the last _isolate's plain_signature of each job
         self._warned_complex = False
 
     def _scratch_for(self, values: torch.Tensor) -> torch.Tensor:
@@ -132,12 +133,12 @@ class StepStatistics:
         """Jobs whose values can be read: plain tensors as they are; the others prepared (sparse
         summarised, mixed pieces reduced) and converted (``converted[i]``), or replaced by an empty
         piece when they cannot be read."""
-        plain = self._plain_flags = [plain_piece(job) for job in jobs]
-        if all(plain):  # the usual step: every job a plain tensor, used as it is
+        plain = self._plain = [plain_signature(job) for job in jobs]
+        if None not in plain:  # the usual step: every job a plain tensor, used as it is
             return list(jobs), set(), {}
         out, failed, converted = [], set(), {}
         for i, job in enumerate(jobs):
-            if plain[i]:
+            if plain[i] is not None:
                 out.append(job)
                 continue
             try:
@@ -173,8 +174,8 @@ class StepStatistics:
             if derived is not None:
                 host.derived_names, host.derived_values = derived.names, self._to_host(derived.values)
             return host
-        flags = self._plain_flags if keep_plan and len(self._plain_flags) == len(jobs) else None
-        sig = signature(jobs, flags)
+        known = self._plain if keep_plan and len(self._plain) == len(jobs) else None
+        sig = signature(jobs, known)
         plan = self._plan if keep_plan else None
         if plan is None or not plan.matches(sig, self.sync_free):
             plan = StepPlan(jobs, sig, self.sync_free, converted)

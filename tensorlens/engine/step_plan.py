@@ -35,33 +35,38 @@ VALUES = "values"  # anything else dense: converted (dtype, several pieces, comp
 REDUCED = "reduced"  # already reduced where it was captured, or sparse: a partial row and a sample
 
 
-def plain_piece(job: TensorJob) -> bool:
-    """Whether ``job`` is one plain contiguous float32/float64 strided tensor (used as it is)."""
-    if len(job.pieces) != 1 or job.raw is not None:
-        return False
-    p = job.pieces[0]
-    # attribute reads only (``p.device.type`` builds a device object: 5x slower than ``is_meta``)
-    return (
+def plain_signature(job: TensorJob) -> tuple[Any, ...] | None:
+    """:func:`signature`'s entry for ``job`` when it is one plain contiguous float32/float64 strided
+    tensor, else ``None``: the check and the entry in one pass over its attributes (this runs for
+    every tensor of every saved step). What the plan reads of such a tensor: its size and last
+    dimension (the sample's period), and the whole shape only where it is recorded (``p.shape``
+    builds a torch.Size, 4x the cost of both; ``p.device.type`` a device, 5x ``is_meta``)."""
+    pieces = job.pieces
+    if len(pieces) != 1 or job.raw is not None:
+        return None
+    p = pieces[0]
+    if not (
         type(p) is not ReducedPiece and p.layout == torch.strided and p.dtype in _FLOATS and not p.is_nested
         and not p.is_meta and p.is_contiguous() and not p.is_conj() and not p.is_neg()
+    ):
+        return None
+    return (
+        job.name, job.stats, job.histogram, job.plain_scalar, job.save_raw, job.save_shape, job.partitioned,
+        VIEW, p.numel(), p.size(-1) if p.ndim else 0, p.shape if job.save_shape else None, p.dtype, p.device,
     )
 
 
-def signature(jobs: list[TensorJob], plain: list[bool] | None = None) -> list[tuple[Any, ...]]:
+def signature(jobs: list[TensorJob], plain: list[tuple[Any, ...] | None] | None = None) -> list[tuple[Any, ...]]:
     """What a plan depends on, per job. Cheap: a few attribute reads per tensor (no tensor op).
-    ``plain[i]``: :func:`plain_piece` of job ``i``, where the caller knows it already."""
+    ``plain[i]``: :func:`plain_signature` of job ``i``, where the caller has it already."""
     out = []
     for k, job in enumerate(jobs):
+        entry = plain[k] if plain is not None else plain_signature(job)
+        if entry is not None:
+            out.append(entry)
+            continue
         pieces = job.pieces
         head = (job.name, job.stats, job.histogram, job.plain_scalar, job.save_raw, job.save_shape, job.partitioned)
-        if plain[k] if plain is not None else plain_piece(job):
-            p = pieces[0]
-            # what the plan reads of a plain tensor: its size and last dimension (the sample's
-            # period), and the whole shape only where it is recorded (``p.shape`` builds a
-            # torch.Size: 4x the cost of both)
-            out.append((*head, VIEW, p.numel(), p.size(-1) if p.ndim else 0, p.shape if job.save_shape else None,
-                        p.dtype, p.device))
-            continue
         described = []
         for piece in pieces:
             if isinstance(piece, ReducedPiece):

@@ -54,6 +54,12 @@ class ScaleSource:
     def detach(self) -> None:
         pass
 
+    def end_step(self) -> None:  # no module hooks to keep idle (see SourceHooks)
+        pass
+
+    def resume(self) -> None:
+        pass
+
     @staticmethod
     def paused() -> Any:
         """A context in which tensorlens's own tensor work is not recorded as ops of the model."""

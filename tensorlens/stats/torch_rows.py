@@ -142,7 +142,7 @@ class TorchRows:
             self.small_n = to_device(lengths, torch.float64, device)
             self.small_empty = to_device([n == 0 for n in lengths], torch.bool, device)
         #: where tensor ``k``'s values start in :attr:`small_flat` (small tensors only)
-        self.small_offsets = dict(zip(small, np.cumsum([0] + [numels[i] for i in small])[:-1].tolist()))
+        self.small_offsets = dict(zip(small, np.cumsum([0] + [numels[i] for i in small])[:-1].tolist(), strict=True))
         #: the last :meth:`run`'s small tensors, flattened together in float64 (their histograms read it)
         self.small_flat: torch.Tensor | None = None
         sets: dict[frozenset[str], _BlockSet] = {}
