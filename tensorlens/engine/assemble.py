@@ -118,7 +118,9 @@ class HostStatistics:
 
     def pack(self) -> _PackedPart:
         """The step's scalars (names and values) and histograms as arrays, in record order."""
-        if not isinstance(self.histograms, dict):  # kept as arrays by the engine: made once, here
+        if isinstance(self.histograms, HostHistograms):  # kept as arrays by the engine: made once, here
+            self.histograms = self.histograms.as_dict()
+        elif not isinstance(self.histograms, dict):
             self.histograms = dict(self.histograms)
         names, stat_index, job_index = _scalar_layout(tuple((j.name, j.stats, j.plain_scalar) for j in self.jobs))
         table = finalize_rows(self.rows)
@@ -276,6 +278,10 @@ class HostHistograms(Mapping[int, _HostHistogram]):
 
     def __getitem__(self, i: int) -> _HostHistogram:
         return self._all()[i]
+
+    def as_dict(self) -> dict[int, _HostHistogram]:
+        """Every histogram by job index (``dict(self)`` would look each one up through the mapping)."""
+        return self._all()
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._all())
