@@ -120,8 +120,6 @@ class HostStatistics:
         """The step's scalars (names and values) and histograms as arrays, in record order."""
         if isinstance(self.histograms, HostHistograms):  # kept as arrays by the engine: made once, here
             self.histograms = self.histograms.as_dict()
-        elif not isinstance(self.histograms, dict):
-            self.histograms = dict(self.histograms)
         names, stat_index, job_index = _scalar_layout(tuple((j.name, j.stats, j.plain_scalar) for j in self.jobs))
         table = finalize_rows(self.rows)
         matrix = np.stack([table[stat] for stat in _STAT_ORDER] + [self._plain_values()])

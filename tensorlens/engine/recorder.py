@@ -427,7 +427,8 @@ class Recorder(CallerValues, DynamicsSteps):
         self._mode_steps[mode] += 1
         if mode != ModeKeys.TRAIN:
             self._mode_steps[ModeKeys.TRAIN] = self.global_step
-        self._hooks.end(self.planner.with_kinds(self._saving(mode), MODULE_KINDS), self.planner.version)
+        if self._hooks.attached:  # (an unsaved step has nothing to look ahead for)
+            self._hooks.end(self.planner.with_kinds(self._saving(mode), MODULE_KINDS), self.planner.version)
 
     def _close_eval_step(self) -> None:
         mode = self._open_eval

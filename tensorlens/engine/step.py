@@ -39,6 +39,7 @@ from tensorlens.stats.histogram import (
     histogram_range,
     histogram_scale,
     reject_outliers,
+    stack_samples,
     strided_sample,
 )
 from tensorlens.stats.moments import (
@@ -238,6 +239,12 @@ class _Step:
             return piece if piece.device == self.plan.device else piece.to(self.plan.device, non_blocking=True)
         return self._dense(i)
 
+    def _torch_inputs(self) -> list[torch.Tensor]:
+        """The values of the PyTorch path's jobs, in the plan's order."""
+        if self.plan.torch_direct:  # every one a small plain tensor: the piece itself, no Python per tensor
+            return [self.jobs[i].pieces[0] for i in self.plan.torch]
+        return [self._torch_values(i) for i in self.plan.torch]
+
     def _flat(self, i: int) -> torch.Tensor:
         values = self.values[i] if i in self.values else self._dense(i)
         return values if values.dim() == 1 else values.view(-1)
@@ -265,10 +272,7 @@ class _Step:
     def _rows(self) -> torch.Tensor:
         plan = self.plan
         if plan.all_torch:
-            if plan.torch_direct:  # many small tensors (no Python per tensor beyond a list entry)
-                values = [self.jobs[i].pieces[0] for i in plan.torch]
-            else:
-                values = [self._torch_values(i) for i in plan.torch]
+            values = self._torch_inputs()
             self.values = dict(zip(plan.torch, values, strict=True))
             return plan.torch_rows.run(values, self.engine._scratch_for)
         self.values = {}
@@ -291,7 +295,7 @@ class _Step:
         if plan.reduced:
             rows.index_copy_(0, plan.reduced_at, self._reduced_rows().to(plan.device, non_blocking=True))
         if plan.torch:
-            values = [self.jobs[i].pieces[0] for i in plan.torch] if plan.torch_direct else [self._torch_values(i) for i in plan.torch]
+            values = self._torch_inputs()
             self.values.update(zip(plan.torch, values, strict=True))
             rows.index_copy_(0, plan.torch_at, plan.torch_rows.run(values, self.engine._scratch_for))
         return rows
@@ -355,8 +359,7 @@ class _Step:
                 tensors = [self.jobs[i].pieces[0] for i in jobs]
                 out.append(torch._C._nn.flatten_dense_tensors(tensors).view(len(tensors), length))
             else:
-                flat = [samples[g] if samples[g].dim() == 1 else samples[g].reshape(-1) for g in at]
-                out.append(torch.stack(flat) if len(flat) > 1 else flat[0].unsqueeze(0))
+                out.append(stack_samples(samples, at))
         return out
 
     def _histograms(self, group: HistogramGroup, rows: torch.Tensor, flagged: np.ndarray | torch.Tensor) -> _DeviceHistograms:

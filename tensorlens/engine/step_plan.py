@@ -50,10 +50,12 @@ def plain_signature(job: TensorJob) -> tuple[Any, ...] | None:
         and not p.is_meta and p.is_contiguous() and not p.is_conj() and not p.is_neg()
     ):
         return None
-    return (
-        job.name, job.stats, job.histogram, job.plain_scalar, job.save_raw, job.save_shape, job.partitioned,
-        VIEW, p.numel(), p.size(-1) if p.ndim else 0, p.shape if job.save_shape else None, p.dtype, p.device,
-    )
+    return (*_head(job), VIEW, p.numel(), p.size(-1) if p.ndim else 0, p.shape if job.save_shape else None, p.dtype, p.device)
+
+
+def _head(job: TensorJob) -> tuple[Any, ...]:
+    """What a plan depends on of any job, besides its pieces."""
+    return (job.name, job.stats, job.histogram, job.plain_scalar, job.save_raw, job.save_shape, job.partitioned)
 
 
 def signature(jobs: list[TensorJob], plain: list[tuple[Any, ...] | None] | None = None) -> list[tuple[Any, ...]]:
@@ -65,10 +67,8 @@ def signature(jobs: list[TensorJob], plain: list[tuple[Any, ...] | None] | None 
         if entry is not None:
             out.append(entry)
             continue
-        pieces = job.pieces
-        head = (job.name, job.stats, job.histogram, job.plain_scalar, job.save_raw, job.save_shape, job.partitioned)
         described = []
-        for piece in pieces:
+        for piece in job.pieces:
             if isinstance(piece, ReducedPiece):
                 described.append((
                     REDUCED, piece.shape, piece.dtype, piece.device, piece.native_row is None,
@@ -77,7 +77,7 @@ def signature(jobs: list[TensorJob], plain: list[tuple[Any, ...] | None] | None 
             else:
                 described.append((type(piece), piece.layout, piece.shape if not piece.is_nested else None, piece.dtype,
                                   piece.device, piece.is_contiguous() if piece.layout == torch.strided else None))
-        out.append((*head, job.raw is not None, *described))
+        out.append((*_head(job), job.raw is not None, *described))
     return out
 
 

@@ -8,7 +8,7 @@ where it changes bin, so ``np.histogram(values, bins=edges)`` reproduces the cou
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -167,6 +167,12 @@ def histogram_counts(
     return counts[:trash].reshape(groups, bins), scale, below, above
 
 
+def stack_samples(samples: Sequence[torch.Tensor], members: list[int]) -> torch.Tensor:
+    """The ``members`` of ``samples`` (all of one length) as one ``[k, length]`` matrix."""
+    flat = [samples[g] if samples[g].dim() == 1 else samples[g].reshape(-1) for g in members]
+    return torch.stack(flat) if len(flat) > 1 else flat[0].unsqueeze(0)
+
+
 class HistogramLayout:
     """How :func:`histogram_counts` batches samples of these lengths: samples of one length are
     stacked and binned together, with their group indices and bin offsets on the device. Built
@@ -186,11 +192,7 @@ class HistogramLayout:
 
     def stack(self, samples: list[torch.Tensor]) -> list[torch.Tensor]:
         """The samples of each length as one ``[k, length]`` matrix, in :attr:`by_length` order."""
-        out = []
-        for _, members, _, _ in self.by_length:
-            flat = [samples[g] if samples[g].dim() == 1 else samples[g].reshape(-1) for g in members]
-            out.append(torch.stack(flat) if len(flat) > 1 else flat[0].unsqueeze(0))
-        return out
+        return [stack_samples(samples, members) for _, members, _, _ in self.by_length]
 
     def ones(self, n: int, device: torch.device) -> torch.Tensor:
         """``n`` ones (int64) for ``index_add_``, a view of a buffer kept across steps."""
