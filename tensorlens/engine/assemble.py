@@ -11,8 +11,6 @@ import dataclasses
 import functools
 import itertools
 import math
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,10 +19,8 @@ from tensorlens.modes import ModeKeys
 from tensorlens.records import HISTOGRAM_INFO, ScalarEntry, StepRecord, TensorEntry
 from tensorlens.stats.edges import exact_edges
 from tensorlens.stats.moments import COL, PARTIALS, finalize_rows
+from tensorlens.stats.registry import STATISTICS
 from tensorlens.stats.views import histogram_quantile_rows, quantile_name
-
-if TYPE_CHECKING:
-    from tensorlens.engine.step import _DeviceHistograms
 
 
 @dataclasses.dataclass
@@ -41,19 +37,25 @@ class _JobMeta:
 
 
 @dataclasses.dataclass
-class _HostHistogram:
-    counts: np.ndarray
-    low: float
-    high: float
-    scale: float
-    dtype: np.dtype
-    data_low: float  # the binned values' own range, reported as min/max
-    data_high: float
-    binned: int
-    rejected: int
-    underflow: int
-    overflow: int
-    sampled: bool
+class HistogramBlock:
+    """Histograms of a step that share a bin count and a dtype, kept as the arrays they arrived
+    in (one row per histogram): a step's record is made from them in a few numpy calls, with no
+    Python object per histogram (the dispatcher thread holds the GIL the training thread needs)."""
+
+    index: np.ndarray  # intp [H]: the job of each row
+    counts: np.ndarray  # int64 [H, bins]
+    # float64 [H, 9]: bin low, bin high, scale, data min, data max, binned, rejected, underflow, overflow
+    extra: np.ndarray
+    sampled: np.ndarray  # bool [H]
+    dtype: np.dtype  # the dtype values were binned in: exact edges are found in it
+
+    @property
+    def bins(self) -> int:
+        return self.counts.shape[1]
+
+    def take(self, rows: np.ndarray, index: np.ndarray) -> HistogramBlock:
+        """The block's ``rows``, renumbered to jobs ``index``."""
+        return HistogramBlock(index, self.counts[rows], self.extra[rows], self.sampled[rows], self.dtype)
 
 
 @dataclasses.dataclass
@@ -63,7 +65,7 @@ class HostStatistics:
 
     jobs: list[_JobMeta]
     rows: np.ndarray  # [N, len(PARTIALS)] float64
-    histograms: dict[int, _HostHistogram]
+    histograms: list[HistogramBlock]  # at most one histogram per job
     raw: dict[int, np.ndarray]
     # named values derived on the device (training dynamics), copied with the rows
     derived_names: tuple[tuple[str, str], ...] = ()
@@ -72,43 +74,33 @@ class HostStatistics:
     def without(self, indices: set[int]) -> HostStatistics:
         """These statistics without the jobs at ``indices`` (tensors that could not be summarised)."""
         keep = [i for i in range(len(self.jobs)) if i not in indices]
-        new = {old: new for new, old in enumerate(keep)}
+        new = np.full(len(self.jobs), -1, dtype=np.intp)
+        new[keep] = np.arange(len(keep))
+        blocks = []
+        for block in self.histograms:
+            renumbered = new[block.index]
+            rows = np.flatnonzero(renumbered >= 0)
+            blocks.append(block.take(rows, renumbered[rows]))
         return HostStatistics(
-            [self.jobs[i] for i in keep], self.rows[keep],
-            {new[i]: h for i, h in self.histograms.items() if i in new}, {new[i]: r for i, r in self.raw.items() if i in new},
+            [self.jobs[i] for i in keep], self.rows[keep], blocks, {int(new[i]): r for i, r in self.raw.items() if new[i] >= 0},
             self.derived_names, self.derived_values,
         )
 
     @staticmethod
     def concat(parts: list[HostStatistics]) -> HostStatistics:
         """One :class:`HostStatistics` of several computed separately, in order."""
-        jobs, rows, histograms, raw = [], [], {}, {}
+        jobs, rows, histograms, raw = [], [], [], {}
         for part in parts:
             offset = len(jobs)
             jobs += part.jobs
             rows.append(part.rows)
-            histograms.update({offset + i: h for i, h in part.histograms.items()})
+            histograms += [b.take(np.arange(len(b.index)), b.index + offset) for b in part.histograms]
             raw.update({offset + i: r for i, r in part.raw.items()})
         return HostStatistics(
             jobs, np.concatenate(rows) if rows else np.zeros((0, len(PARTIALS))), histograms, raw,
             tuple(n for p in parts for n in p.derived_names),
             np.concatenate([p.derived_values for p in parts]) if parts else np.zeros(0),
         )
-
-    def _edges(self) -> dict[int, np.ndarray]:
-        """Exact edges of every histogram, found together per (bins, dtype)."""
-        groups: dict[tuple[int, np.dtype], list[int]] = {}
-        for i, hist in self.histograms.items():
-            groups.setdefault((len(hist.counts), hist.dtype), []).append(i)
-        out = {}
-        for (bins, dtype), members in groups.items():
-            hists = [self.histograms[i] for i in members]
-            edges = exact_edges(
-                np.array([h.low for h in hists]), np.array([h.high for h in hists]), np.array([h.scale for h in hists]),
-                bins, dtype,
-            )
-            out.update(zip(members, edges, strict=True))
-        return out
 
     def _plain_values(self) -> np.ndarray:
         """A plain scalar's value: the mean of its calls in the step (NaN without any)."""
@@ -118,50 +110,54 @@ class HostStatistics:
 
     def pack(self) -> _PackedPart:
         """The step's scalars (names and values) and histograms as arrays, in record order."""
-        if isinstance(self.histograms, HostHistograms):  # kept as arrays by the engine: made once, here
-            self.histograms = self.histograms.as_dict()
-        names, stat_index, job_index = _scalar_layout(tuple((j.name, j.stats, j.plain_scalar) for j in self.jobs))
-        table = finalize_rows(self.rows)
-        matrix = np.stack([table[stat] for stat in _STAT_ORDER] + [self._plain_values()])
-        order = sorted(self.histograms)
-        edges = self._edges()
-        sums, sumsq = table["sum"], self.rows[:, COL["sumsq"]]
-        nan_counts, inf_counts = table["nan_count"], table["inf_count"]
-        info = [
-            (h.data_low, h.data_high, h.binned, sums[i], sumsq[i], nan_counts[i], inf_counts[i], h.rejected,
-             h.underflow, h.overflow, h.sampled)
-            for i, h in ((i, self.histograms[i]) for i in order)
-        ]
+        names, stat_index, job_index, used = _scalar_layout(tuple((j.name, j.stats, j.plain_scalar) for j in self.jobs))
+        table = finalize_rows(self.rows, used)
+        matrix = np.stack([table[stat] for stat in used] + [self._plain_values()])
         values = matrix[stat_index, job_index]
-        quantile_names, quantile_values = self._quantiles(order, edges)
+        hists = _SortedHistograms(self.histograms)
+        jobs = self.jobs
+        index = hists.index
+        histogram_names = _histogram_names(tuple(jobs[i].name for i in index.tolist()), tuple(hists.bins.tolist()))
+        extra, partial = hists.extra, self.rows[index]
+        info = np.column_stack([
+            extra[:, 3], extra[:, 4], extra[:, 5], partial[:, COL["sum"]], partial[:, COL["sumsq"]],
+            partial[:, COL["nan_count"]], partial[:, COL["inf_count"]], extra[:, 6], extra[:, 7], extra[:, 8], hists.sampled,
+        ]) if len(index) else np.zeros((0, len(HISTOGRAM_INFO)))
+        quantile_names, quantile_values = self._quantiles(hists)
         if quantile_names:
             names, values = names + quantile_names, np.concatenate([values, quantile_values])
         if self.derived_names:
             names, values = names + self.derived_names, np.concatenate([values, self.derived_values])
-        return _PackedPart(
-            names, values,
-            tuple((self.jobs[i].name, len(self.histograms[i].counts)) for i in order),
-            [self.histograms[i].counts for i in order], [edges[i] for i in order], info,
-        )
+        return _PackedPart(names, values, histogram_names, hists.counts, hists.edges, info)
 
-    def _quantiles(self, order: list[int], edges: dict[int, np.ndarray]) -> tuple[tuple[tuple[str, str], ...], np.ndarray]:
+    def _quantiles(self, hists: _SortedHistograms) -> tuple[tuple[tuple[str, str], ...], np.ndarray]:
         """The quantiles of every histogram (its config's levels) as scalars of its tensor: recorded
         statistics that the store and every backend receive alike. One vectorised pass per group
-        of histograms with the same bins and levels."""
-        wanted = [i for i in order if self.jobs[i].histogram is not None and self.jobs[i].histogram.quantiles]
-        if not wanted:
+        of histograms with the same bins and levels (usually one for the whole step)."""
+        jobs = self.jobs
+        found: list[tuple[np.ndarray, tuple[float, ...], np.ndarray]] = []  # (jobs, levels, values [h, L])
+        for index, counts, edges in hists.groups:
+            levels = [jobs[i].histogram.quantiles if jobs[i].histogram is not None else () for i in index.tolist()]
+            distinct = set(levels)
+            for wanted in distinct:
+                if not wanted:
+                    continue
+                rows = (
+                    slice(None) if len(distinct) == 1
+                    else np.array([k for k, level in enumerate(levels) if level == wanted], dtype=np.intp)
+                )
+                found.append((index[rows], wanted, histogram_quantile_rows(counts[rows], edges[rows], wanted)))
+        if not found:
             return (), np.zeros(0)
-        groups: dict[tuple[int, tuple[float, ...]], list[int]] = {}
-        for i in wanted:
-            groups.setdefault((len(self.histograms[i].counts), self.jobs[i].histogram.quantiles), []).append(i)
-        found: dict[int, np.ndarray] = {}
-        for (_, levels), members in groups.items():
-            rows = histogram_quantile_rows(
-                np.stack([self.histograms[i].counts for i in members]), np.stack([edges[i] for i in members]), levels
-            )
-            found.update(zip(members, rows, strict=True))
-        names = _quantile_names(tuple((self.jobs[i].name, self.jobs[i].histogram.quantiles) for i in wanted))
-        return names, np.concatenate([found[i] for i in wanted])
+        if len(found) == 1:  # the usual step: one set of levels, rows in job order already
+            index, levels, values = found[0]
+            return _quantile_names(tuple(jobs[i].name for i in index.tolist()), levels), values.reshape(-1)
+        by_job = sorted(
+            ((i, levels, row) for index, levels, values in found for i, row in zip(index.tolist(), values, strict=True)),
+            key=lambda item: item[0],
+        )
+        names = tuple(itertools.chain.from_iterable(_quantile_names((jobs[i].name,), levels) for i, levels, _ in by_job))
+        return names, np.concatenate([row for _, _, row in by_job])
 
     def tensors_and_shapes(self) -> tuple[list[TensorEntry], dict[str, tuple[int, ...]]]:
         """The raw tensors saved and the shapes recorded in this step."""
@@ -176,31 +172,86 @@ class _PackedPart:
     scalar_names: tuple[tuple[str, str], ...]
     scalar_values: np.ndarray
     histogram_names: tuple[tuple[str, int], ...]
-    counts: list[np.ndarray]
-    edges: list[np.ndarray]
-    info: list[tuple[float, ...]]
+    counts: np.ndarray  # int64, every histogram's counts one after another
+    edges: np.ndarray  # float64, every histogram's edges one after another
+    info: np.ndarray  # [H, len(HISTOGRAM_INFO)]
+
+
+class _SortedHistograms:
+    """A step's :class:`HistogramBlock` s in job order, with their exact edges: ``index``, ``bins``,
+    ``extra`` and ``sampled`` one row per histogram, ``counts`` and ``edges`` flat in that order,
+    and ``groups``: ``(jobs, counts [h, bins], edges [h, bins + 1])`` per bin count, each in job order."""
+
+    def __init__(self, blocks: list[HistogramBlock]) -> None:
+        by_bins: dict[int, list[HistogramBlock]] = {}
+        for block in blocks:
+            if len(block.index):
+                by_bins.setdefault(block.bins, []).append(block)
+        groups, extras, sampled = [], [], []
+        for bins, members in by_bins.items():
+            index = _joined([b.index for b in members])
+            order = np.argsort(index, kind="stable")
+            edges = _joined([
+                exact_edges(b.extra[:, 0], b.extra[:, 1], b.extra[:, 2], bins, b.dtype) for b in members
+            ])
+            groups.append((index[order], _joined([b.counts for b in members])[order], edges[order]))
+            extras.append(_joined([b.extra for b in members])[order])
+            sampled.append(_joined([b.sampled for b in members])[order])
+        self.groups = groups
+        if not groups:
+            self.index, self.bins = np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp)
+            self.extra, self.sampled = np.zeros((0, 9)), np.zeros(0, dtype=bool)
+            self.counts, self.edges = np.zeros(0, dtype=np.int64), np.zeros(0)
+        elif len(groups) == 1:  # the usual step: one bin count
+            self.index, counts, edges = groups[0]
+            self.bins = np.full(len(self.index), counts.shape[1], dtype=np.intp)
+            self.extra, self.sampled = extras[0], sampled[0]
+            self.counts, self.edges = counts.reshape(-1), edges.reshape(-1)
+        else:  # several bin counts: interleaved in job order, row by row
+            index = np.concatenate([g[0] for g in groups])
+            order = np.argsort(index, kind="stable")
+            counts = [row for g in groups for row in g[1]]
+            edges = [row for g in groups for row in g[2]]
+            self.index = index[order]
+            self.bins = np.concatenate([np.full(len(g[0]), g[1].shape[1], dtype=np.intp) for g in groups])[order]
+            self.extra, self.sampled = np.concatenate(extras)[order], np.concatenate(sampled)[order]
+            self.counts = np.concatenate([counts[k] for k in order.tolist()])
+            self.edges = np.concatenate([edges[k] for k in order.tolist()])
+
+
+def _joined(arrays: list[np.ndarray]) -> np.ndarray:
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
 @functools.lru_cache(maxsize=16)  # a step's jobs are almost always the previous step's
-def _scalar_layout(jobs: tuple[tuple[str, tuple[str, ...], bool], ...]) -> tuple[tuple[tuple[str, str], ...], np.ndarray, np.ndarray]:
-    """``(names, statistic index, job index)`` of every scalar of jobs ``(name, stats,
-    plain_scalar)``, job by job in its statistics' order; statistic index
-    ``len(_STAT_ORDER)`` is a plain scalar's own value."""
+def _scalar_layout(
+    jobs: tuple[tuple[str, tuple[str, ...], bool], ...],
+) -> tuple[tuple[tuple[str, str], ...], np.ndarray, np.ndarray, tuple[str, ...]]:
+    """``(names, statistic index, job index, statistics)`` of every scalar of jobs ``(name,
+    stats, plain_scalar)``, job by job in its statistics' order: ``statistics`` are the ones any
+    job asks for (in declaration order), the index is into them, and index ``len(statistics)`` is
+    a plain scalar's own value."""
+    asked = {stat for _, stats, plain in jobs if not plain for stat in stats}
+    used = tuple(stat for stat in STATISTICS if stat in asked)
+    position = {stat: k for k, stat in enumerate(used)}
     names, stat_index, job_index = [], [], []
     for i, (name, stats, plain) in enumerate(jobs):
         for stat in ((None,) if plain else stats):
             names.append((name, stat or ""))
-            stat_index.append(len(_STAT_ORDER) if stat is None else _STAT_ORDER.index(stat))
+            stat_index.append(len(used) if stat is None else position[stat])
             job_index.append(i)
-    return tuple(names), np.array(stat_index, dtype=np.intp), np.array(job_index, dtype=np.intp)
+    return tuple(names), np.array(stat_index, dtype=np.intp), np.array(job_index, dtype=np.intp), used
 
 
 @functools.lru_cache(maxsize=16)
-def _quantile_names(histograms: tuple[tuple[str, tuple[float, ...]], ...]) -> tuple[tuple[str, str], ...]:
-    return tuple((name, quantile_name(level)) for name, levels in histograms for level in levels)
+def _histogram_names(tensors: tuple[str, ...], bins: tuple[int, ...]) -> tuple[tuple[str, int], ...]:
+    return tuple(zip(tensors, bins, strict=True))
 
 
-_STAT_ORDER = tuple(finalize_rows(np.zeros((1, len(PARTIALS)))))
+@functools.lru_cache(maxsize=16)
+def _quantile_names(tensors: tuple[str, ...], levels: tuple[float, ...]) -> tuple[tuple[str, str], ...]:
+    return tuple((name, quantile_name(level)) for name in tensors for level in levels)
+
 
 
 @dataclasses.dataclass
@@ -230,17 +281,15 @@ def build_record(pending: PendingStep) -> StepRecord:
         shapes.update(part_shapes)
     host_names = tuple((e.tensor, e.stat or "") for e in pending.host_scalars)
     host_values = np.array([e.value for e in pending.host_scalars], dtype=np.float64)
-    counts = [c for p in packed for c in p.counts]
-    edges = [e for p in packed for e in p.edges]
-    info = [row for p in packed for row in p.info]
+    info = np.concatenate([p.info for p in packed]) if packed else np.zeros((0, len(HISTOGRAM_INFO)))
     return StepRecord.from_arrays(
         pending.step, pending.mode, pending.mode_step, pending.worker, pending.wall_time,
         scalar_names=tuple(itertools.chain(host_names, *(p.scalar_names for p in packed))),
         scalar_values=np.concatenate([host_values, *(p.scalar_values for p in packed)]),
         histogram_names=tuple(itertools.chain.from_iterable(p.histogram_names for p in packed)),
-        counts=np.concatenate(counts).astype(np.int64, copy=False) if counts else np.zeros(0, dtype=np.int64),
-        edges=np.concatenate(edges).astype(np.float64, copy=False) if edges else np.zeros(0, dtype=np.float64),
-        histogram_info=np.array(info, dtype=np.float64).reshape(len(info), len(HISTOGRAM_INFO)),
+        counts=_joined([p.counts for p in packed]) if packed else np.zeros(0, dtype=np.int64),
+        edges=_joined([p.edges for p in packed]) if packed else np.zeros(0, dtype=np.float64),
+        histogram_info=info,
         tensors=tensors,
         shapes=shapes,
     )
@@ -249,46 +298,3 @@ def build_record(pending: PendingStep) -> StepRecord:
 def host_record(host: HostStatistics, step: int = 0, mode: ModeKeys = ModeKeys.TRAIN) -> StepRecord:
     """The record of one :class:`HostStatistics` alone (tests, benchmarks, tools)."""
     return build_record(PendingStep(step, mode, step, "worker_0", 0.0, [], [host]))
-
-
-class HostHistograms(Mapping[int, _HostHistogram]):
-    """The histograms of a step by job index, kept as the arrays they arrived in: the
-    :class:`_HostHistogram` objects are made at the first look (on the dispatcher thread), all at
-    once, not one per tensor on the training thread."""
-
-    def __init__(self, groups: list[tuple[_DeviceHistograms, np.ndarray, np.ndarray]]) -> None:
-        self._groups = groups
-        self._made: dict[int, _HostHistogram] | None = None
-
-    def _all(self) -> dict[int, _HostHistogram]:
-        if self._made is None:
-            made = {}
-            for h, counts, extra in self._groups:
-                dtype = np.dtype(str(h.dtype).removeprefix("torch."))
-                for g, (i, row, sampled) in enumerate(zip(h.index, extra.tolist(), h.sampled, strict=True)):
-                    low, high, scale, data_low, data_high, binned, rejected, underflow, overflow = row
-                    made[i] = _HostHistogram(
-                        counts[g], low, high, scale, dtype, data_low, data_high,
-                        int(binned), int(rejected), int(underflow), int(overflow), sampled,
-                    )
-            self._made = made
-        return self._made
-
-    def __getitem__(self, i: int) -> _HostHistogram:
-        return self._all()[i]
-
-    def as_dict(self) -> dict[int, _HostHistogram]:
-        """Every histogram by job index (``dict(self)`` would look each one up through the mapping)."""
-        return self._all()
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._all())
-
-    def __len__(self) -> int:
-        return sum(len(h.index) for h, _, _ in self._groups)
-
-    def keys(self):  # type: ignore[override]  # dict(self) and sorted(self) read the built dict directly
-        return self._all().keys()
-
-    def items(self):  # type: ignore[override]
-        return self._all().items()

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tensorlens.engine.assemble import HostHistograms, HostStatistics
+from tensorlens.engine.assemble import HistogramBlock, HostStatistics
 from tensorlens.engine.job_values import plain, prepared, reduced_pieces
 from tensorlens.engine.jobs import DerivedScalars, ReducedPiece, TensorJob, WorkerReducer
 from tensorlens.engine.step_plan import REDUCED, VALUES, HistogramGroup, StepPlan, plain_signature, signature
@@ -64,6 +64,13 @@ class _DeviceHistograms:
     extra: torch.Tensor
     sampled: list[bool]
     dtype: torch.dtype  # the dtype values were binned in; the host derives exact edges in it
+
+    def on_host(self, counts: np.ndarray, extra: np.ndarray) -> HistogramBlock:
+        """These histograms as the host block of their copied ``counts`` and ``extra``."""
+        return HistogramBlock(
+            np.asarray(self.index, dtype=np.intp), counts, extra, np.asarray(self.sampled, dtype=bool),
+            np.dtype(str(self.dtype).removeprefix("torch.")),
+        )
 
 
 class StepStatistics:
@@ -108,7 +115,7 @@ class StepStatistics:
         that cannot be summarised costs only itself: it is left out of the result with one
         warning naming it (``warn``), never the step."""
         if not jobs and derived is None and reducer is None:  # an unsaved step's end: nothing to do
-            return HostStatistics([], np.zeros((0, len(PARTIALS))), {}, {})
+            return HostStatistics([], np.zeros((0, len(PARTIALS))), [], {})
         jobs, failed, converted = self._isolate(jobs, warn)
         if reducer is not None:
             # every rank must make the same collectives: a failed job keeps its place with an
@@ -171,7 +178,7 @@ class StepStatistics:
         derived: DerivedScalars | None = None,
     ) -> HostStatistics:
         if not jobs:
-            host = HostStatistics([], np.zeros((0, len(PARTIALS))), {}, {})
+            host = HostStatistics([], np.zeros((0, len(PARTIALS))), [], {})
             if derived is not None:
                 host.derived_names, host.derived_values = derived.names, self._to_host(derived.values)
             return host
@@ -474,7 +481,7 @@ class _Step:
 
     def _copy(
         self, rows: torch.Tensor, hists: list[_DeviceHistograms], derived: torch.Tensor | None = None
-    ) -> tuple[np.ndarray, HostHistograms, np.ndarray]:
+    ) -> tuple[np.ndarray, list[HistogramBlock], np.ndarray]:
         """One device-to-host copy of ``rows``, every histogram and the ``derived`` values (on a
         CPU, the arrays as they are)."""
         engine = self.engine
@@ -484,7 +491,7 @@ class _Step:
         ):
             # .cpu() of a CPU tensor is the tensor itself: counted as the step's one copy all the same
             host_derived = derived.to(torch.float64).numpy().copy() if derived is not None else np.zeros(0)
-            return engine._to_host(rows), HostHistograms([(h, h.counts.numpy(), h.extra.numpy()) for h in hists]), host_derived
+            return engine._to_host(rows), [h.on_host(h.counts.numpy(), h.extra.numpy()) for h in hists], host_derived
         parts = [rows.reshape(-1).to(torch.float64)]
         for h in hists:
             parts += [h.counts.reshape(-1).to(torch.float64), h.extra.reshape(-1).to(torch.float64)]
@@ -499,9 +506,9 @@ class _Step:
             groups, bins = h.counts.shape
             counts = flat[offset : offset + groups * bins].reshape(groups, bins).astype(np.int64)
             offset += groups * bins
-            found.append((h, counts, flat[offset : offset + groups * 9].reshape(groups, 9)))
+            found.append(h.on_host(counts, flat[offset : offset + groups * 9].reshape(groups, 9)))
             offset += groups * 9
-        return host_rows, HostHistograms(found), host_derived
+        return host_rows, found, host_derived
 
 
 class _Samples:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
@@ -224,12 +224,12 @@ def finalize(row: np.ndarray, stat_names: tuple[str, ...] | list[str]) -> dict[s
     return {name: float(table[name][0]) for name in stat_names}
 
 
-def finalize_rows(rows: np.ndarray) -> dict[str, np.ndarray]:
-    """Every declared statistic (:mod:`tensorlens.stats.registry`) of every partial row
-    ``[N, len(PARTIALS)]``, as arrays ``[N]``.
+def finalize_rows(rows: np.ndarray, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+    """The declared statistics ``names`` (:mod:`tensorlens.stats.registry`; all of them by
+    default) of every partial row ``[N, len(PARTIALS)]``, as arrays ``[N]``.
 
     Vectorised: the dispatcher thread turns a whole step into statistics in a few numpy calls
     instead of a Python loop per tensor, so it holds the GIL (which the training thread needs
     between any two torch ops) for as short a time as possible.
     """
-    return registry.finalize_all({name: rows[:, i] for i, name in enumerate(PARTIALS)})
+    return registry.finalize_all({name: rows[:, i] for i, name in enumerate(PARTIALS)}, names)

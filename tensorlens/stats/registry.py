@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -104,10 +104,14 @@ def needed_columns(names: tuple[str, ...]) -> frozenset[str]:
     return frozenset(cols)
 
 
-def finalize_all(partials: Partials) -> dict[str, np.ndarray]:
-    """Every declared statistic of ``partials`` (rows ``[N]`` per column)."""
+def finalize_all(partials: Partials, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+    """The declared statistics ``names`` (all of them by default) of ``partials`` (rows ``[N]``
+    per column)."""
     with np.errstate(all="ignore"):
-        return {name: np.asarray(stat.finalize(partials), dtype=np.float64) for name, stat in STATISTICS.items()}
+        return {
+            name: np.asarray(STATISTICS[name].finalize(partials), dtype=np.float64)
+            for name in (STATISTICS if names is None else names)
+        }
 
 
 # ---------------------------------------------------------------------------- shared pieces
