@@ -631,3 +631,92 @@ def test_parameters_are_read_as_named_parameters_gives_them() -> None:
     taps.add_root(Renamed(2, 2))
     taps.add_root(nn.Linear(2, 2), "plain")
     assert [n for n, _ in taps.parameters()] == ["renamed_weight", "renamed_bias", "plain.weight", "plain.bias"]
+
+
+class _ScaleAfter(nn.Module):
+    """``lin``, on the steps in ``when`` an in-place op on its output (after its hook ran), then a ReLU."""
+
+    def __init__(self, when: set[int], inplace: bool = True) -> None:
+        super().__init__()
+        self.lin, self.act, self.when, self.calls = nn.Linear(8, 8), nn.ReLU(inplace=inplace), when, 0
+
+    def forward(self, x):
+        h = self.lin(x)
+        if self.calls in self.when:
+            h.mul_(3.0)
+        self.calls += 1
+        return self.act(h)
+
+
+def test_captures_are_held_as_they_are_only_while_nothing_changes_them_in_place(tmp_path) -> None:
+    """A capture is copied and probed at its first saved step, held as it is from then on when
+    nothing changed it; one changed in place after its module (an in-place ReLU) stays copied.
+    Every step's statistics equal those of the module's own output at its hook."""
+    hook, memory = make_hook(tmp_path, include_collections=["activations"])
+    hook.get_collection("activations").include(r"^lin$", r"^act$")
+    model = _ScaleAfter(when=set())
+    hook.register_module(model)
+    seen = {}
+    model.lin.register_forward_hook(lambda m, i, o: seen.__setitem__("lin", o.detach().clone()))
+    model.act.register_forward_hook(lambda m, i, o: seen.__setitem__("act", o.detach().clone()))
+    expected = []
+    for _ in range(3):
+        model(torch.randn(5, 8)).sum().backward()
+        expected.append(dict(seen))
+        hook.step()
+    assert hook._pending.by_reference == {("activations", "lin"): False, ("activations", "act"): True}
+    hook.close()
+    for record, values in zip(train_records(memory), expected, strict=True):
+        found = record.scalar_dict()
+        for name in ("lin", "act"):
+            assert found[f"activations/{name}/min"] == values[name].min().item()
+            assert found[f"activations/{name}/max"] == values[name].max().item()
+            assert found[f"activations/{name}/mean"] == pytest.approx(values[name].double().mean().item(), rel=1e-12)
+
+
+def test_a_held_capture_changed_in_place_later_costs_only_itself_that_step(tmp_path) -> None:
+    """Held as it is after a probe found it unchanged, then changed in place at a later step: left
+    out of that step with one warning (never recorded with the changed values), copied from then on."""
+    hook, memory = make_hook(tmp_path, include_collections=["activations", "weights"])
+    hook.get_collection("activations").include(r"^lin$")
+    model = _ScaleAfter(when={2}, inplace=False)
+    hook.register_module(model)
+    seen = {}
+    model.lin.register_forward_hook(lambda m, i, o: seen.__setitem__("lin", o.detach().clone()))
+    expected = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(4):
+            model(torch.randn(5, 8)).sum().backward()
+            expected.append(seen["lin"])
+            hook.step()
+    hook.close()
+    changed = [w for w in caught if "changed in place" in str(w.message)]
+    assert len(changed) == 1 and "activations/lin" in str(changed[0].message)
+    assert hook._pending.by_reference == {("activations", "lin"): False}
+    records = train_records(memory)
+    assert len(records) == 4
+    for step, (record, values) in enumerate(zip(records, expected, strict=True)):
+        found = record.scalar_dict()
+        assert "weights/lin.weight/l2" in found  # the step itself is recorded
+        if step == 2:
+            assert not any(key.startswith("activations/lin/") for key in found)
+        else:
+            assert found["activations/lin/min"] == values.min().item()
+            assert found["activations/lin/max"] == values.max().item()
+
+
+def test_inference_tensors_are_copied(tmp_path) -> None:
+    """No version counter to check under inference_mode: captures are copied, never held."""
+    hook, memory = make_hook(tmp_path, include_collections=["activations"])
+    hook.get_collection("activations").include(r"^lin$")
+    model = _ScaleAfter(when=set())
+    hook.register_module(model)
+    hook.set_mode(tl.ModeKeys.EVAL)
+    with torch.inference_mode():
+        for _ in range(2):
+            model(torch.randn(5, 8))
+            hook.step()
+    assert hook._pending.by_reference == {}
+    hook.close()
+    assert memory.records

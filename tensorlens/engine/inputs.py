@@ -119,15 +119,19 @@ class CallerValues:
             self.warn_once(f"summarize {name!r}: {type(err).__name__}: {err}")
 
     def capture(self, kind: str, module_name: str, name: str, tensor: torch.Tensor) -> None:
-        """A module tensor captured on a saved step (by a source's hooks). Large CPU tensors are
+        """A module tensor captured on a saved step (by a source's hooks). Large tensors are
         reduced at once where every job that will record them can use the result, so no copy is
-        held until the step ends and the values are read while in cache; the others are copied
-        (an in-place op after the module must not change what was captured)."""
+        held until the step ends and the values are read while in cache; the others are held as
+        they are, or copied where an in-place op after the module could change them (see
+        :meth:`PendingCaptures.add_captured`)."""
         if self._paused:
             return
         try:
             piece = self._reduce_captured(kind, module_name, tensor)
-            self._pending.add_tensor(self._mode, kind, module_name, name, piece if piece is not None else tensor.detach().clone())
+            if piece is not None:
+                self._pending.add_tensor(self._mode, kind, module_name, name, piece)
+            else:
+                self._pending.add_captured(self._mode, kind, module_name, name, tensor.detach())
         except Exception as err:
             self.warn_once(f"capturing {kind}/{name}: {type(err).__name__}: {err}")
 
@@ -155,7 +159,14 @@ class CallerValues:
 
     def _pending_jobs(self, saving: frozenset[str], mode: ModeKeys) -> list[TensorJob]:
         """Jobs for everything captured in ``mode`` since its last boundary; forgets those."""
-        return gather.pending_jobs(self.planner, self._pending, saving, mode)
+        jobs = gather.pending_jobs(self.planner, self._pending, saving, mode)
+        if self._pending.changed:
+            names, self._pending.changed = self._pending.changed, []
+            self.warn_once(
+                f"{', '.join(names)} changed in place after being captured (an in-place op after the module): "
+                "left out of this step, copied when captured from now on"
+            )
+        return jobs
 
     def _optimizer_scalars(self, optimizer: torch.optim.Optimizer | None, saving: frozenset[str]) -> list[ScalarEntry]:
         return gather.optimizer_scalars(optimizer, saving)
