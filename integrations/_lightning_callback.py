@@ -34,6 +34,7 @@ read gradients too early):
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import os
@@ -206,21 +207,10 @@ class TensorLensCallbackBase:
         # continues the run it wrote before
         restoring = getattr(trainer, "ckpt_path", None) is not None
         resume = "allow" if (self._runs_started or restoring) and self.resume == "never" else self.resume
-        hook = Recorder(
-            out_dir=run_dir,
-            save_config=self.save_config,
-            reduction_config=self.reductions,
-            histogram_config=self.histogram_config,
-            include_collections=self.collections,
-            include_regex=self.include_regex,
-            backends=backends or ["local"],
-            run_name=run_name,
-            include_workers=self.include_workers,
-            resume=resume,
-            dynamics_config=self.dynamics_config,
-            epoch_statistics=self.epoch_statistics,
-            rules=self.rules,
-        )
+        # the options as they are now (an attribute may have been set since __init__), mapped to the
+        # Recorder's arguments in the one place the Hugging Face callback uses too
+        options = CallbackOptions(**{f.name: getattr(self, f.name) for f in dataclasses.fields(CallbackOptions)})
+        hook = Recorder(out_dir=run_dir, backends=backends or ["local"], run_name=run_name, resume=resume, **options.recorder_kwargs())
         self._runs_started += 1
         try:
             taps = ModuleTaps(hook.capture, hook.warn_once, hook.dynamics)

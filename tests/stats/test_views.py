@@ -9,6 +9,7 @@ from tensorlens.stats.views import (
     StrideThinner,
     decimate_minmax,
     heatmap_grid,
+    histogram_quantile_rows,
     histogram_quantiles,
     rebin,
     symlog,
@@ -138,3 +139,23 @@ def test_heatmap_grid_reference_loop() -> None:
     # NaN edges (an all-NaN tensor) give an empty column, never NaN cells
     grid, image = heatmap_grid([np.array([0, 0])], [np.array([np.nan, np.nan, np.nan])], rows=3)
     assert np.all(image == 0)
+
+
+def test_quantile_rows_equal_one_histogram_at_a_time() -> None:
+    """The batched rows (one search over every row's cumulative counts) give the bits of
+    :func:`histogram_quantiles` row by row: sparse and empty rows, levels at 0 and 1, one bin."""
+    rng = np.random.default_rng(1)
+    for trial in range(300):
+        groups, bins = int(rng.integers(1, 40)), int(rng.integers(1, 70))
+        counts = rng.integers(0, 5, (groups, bins)) * (rng.random((groups, bins)) < rng.random())
+        if trial % 3 == 0:
+            counts[rng.integers(0, groups)] = 0
+        edges = np.sort(rng.standard_normal((groups, bins + 1)), axis=1)
+        levels = tuple(sorted(rng.random(int(rng.integers(1, 8))))) + ((0.0, 1.0) if trial % 5 == 0 else ())
+        rows = histogram_quantile_rows(counts, edges, levels)
+        for g in range(groups):
+            expected = histogram_quantiles(counts[g], edges[g], levels)
+            if expected is None:
+                assert np.isnan(rows[g]).all()
+            else:
+                np.testing.assert_array_equal(rows[g], expected)
