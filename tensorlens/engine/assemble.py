@@ -40,7 +40,8 @@ class _JobMeta:
 class HistogramBlock:
     """Histograms of a step that share a bin count and a dtype, kept as the arrays they arrived
     in (one row per histogram): a step's record is made from them in a few numpy calls, with no
-    Python object per histogram (the dispatcher thread holds the GIL the training thread needs)."""
+    Python object per histogram (where cores are few, the dispatcher thread's time comes out of
+    the training step: docs/performance.md, third pass)."""
 
     index: np.ndarray  # intp [H]: the job of each row
     counts: np.ndarray  # int64 [H, bins]
