@@ -95,7 +95,7 @@ class HostStatistics:
             offset = len(jobs)
             jobs += part.jobs
             rows.append(part.rows)
-            histograms += [b.take(np.arange(len(b.index)), b.index + offset) for b in part.histograms]
+            histograms += [dataclasses.replace(b, index=b.index + offset) for b in part.histograms]
             raw.update({offset + i: r for i, r in part.raw.items()})
         return HostStatistics(
             jobs, np.concatenate(rows) if rows else np.zeros((0, len(PARTIALS))), histograms, raw,

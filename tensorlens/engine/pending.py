@@ -57,11 +57,7 @@ class PendingCaptures:
     ) -> None:
         """``module_name``: the module a module capture came from (``None`` for a summary: written
         from inside a compiled forward, a dict update here would recompile the graph every step)."""
-        key = (mode, kind, name)
-        self._tensors[key].append(piece)
-        self._checks[key].append(None)
-        if module_name is not None and self.module_of.get(name) != module_name:
-            self.module_of[name] = module_name
+        self._add(mode, kind, module_name, name, piece, None)
 
     def add_captured(self, mode: ModeKeys, kind: str, module_name: str, name: str, tensor: torch.Tensor) -> None:
         """A module tensor as a hook captured it (detached): held as it is where every saved step
@@ -80,10 +76,16 @@ class PendingCaptures:
                 piece = tensor.clone()
                 if held is None:
                     check = _Check(tensor, tensor._version, True)
+        self._add(mode, kind, module_name, name, piece, check)
+
+    def _add(
+        self, mode: ModeKeys, kind: str, module_name: str | None, name: str, piece: torch.Tensor | ReducedPiece,
+        check: _Check | None,
+    ) -> None:
         key = (mode, kind, name)
         self._tensors[key].append(piece)
         self._checks[key].append(check)
-        if self.module_of.get(name) != module_name:
+        if module_name is not None and self.module_of.get(name) != module_name:
             self.module_of[name] = module_name
 
     def add_scalar(self, mode: ModeKeys, kind: str, name: str, value: float | torch.Tensor) -> None:
@@ -142,6 +144,7 @@ class PendingCaptures:
     def rollback(self, mark: tuple[dict[object, int], ...]) -> None:
         """Forget what was added since ``mark`` (a forward that raised: its batch is skipped)."""
         stores = (self._tensors, self._scalars, self._explicit, self._checks)
+        # the checks are aligned with the tensors: cut at the same lengths
         for store, lengths in zip(stores, (*mark, mark[0]), strict=True):
             for key in list(store):
                 keep = lengths.get(key, 0)

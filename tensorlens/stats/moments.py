@@ -218,12 +218,6 @@ def merge_partials(rows: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def finalize(row: np.ndarray, stat_names: tuple[str, ...] | list[str]) -> dict[str, float]:
-    """Named statistics from one partial row (host, float64)."""
-    table = finalize_rows(np.asarray(row, dtype=np.float64)[None, :])
-    return {name: float(table[name][0]) for name in stat_names}
-
-
 def finalize_rows(rows: np.ndarray, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
     """The declared statistics ``names`` (:mod:`tensorlens.stats.registry`; all of them by
     default) of every partial row ``[N, len(PARTIALS)]``, as arrays ``[N]``.
