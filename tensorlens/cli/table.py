@@ -1,16 +1,50 @@
 """Plain-text tables that fit the terminal: numbers right-aligned, the widest text column
 (tensor names) shortened in the middle with ``…`` when the table is too wide, and trailing
-columns left out (and named) when even that is not enough."""
+columns left out (and named) when even that is not enough.
+
+Every line the CLI prints passes through :func:`printable` (tables through :func:`cell`, other
+lines through :func:`echo`): names come from run stores, which are untrusted files, and a name
+holding a terminal control sequence (OSC 52 writes the clipboard, ``ESC[2J`` clears the screen,
+a bare CR overwrites the line) must reach the terminal as visible text, never as a command."""
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import sys
 import textwrap
 from collections.abc import Sequence
 from typing import Any
+
+#: What :func:`printable` escapes: C0 controls and DEL, C1 controls (``\x9b`` is a one-byte CSI),
+#: the bidirectional overrides, embeddings and isolates (they reorder the text around them, the
+#: "Trojan Source" trick) with the marks LRM, RLM and ALM, and lone surrogates (not encodable).
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_UNPRINTABLE_KEEP_NEWLINES = re.compile(
+    r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: object, newlines: bool = False) -> str:
+    """``text`` with every character that a terminal would act on, rather than show, written as
+    a Python-style escape (``\\x1b``, ``\\x9b``, ``\\u202e``, ``\\udc80``). ``newlines=True`` keeps
+    ``\\n`` (several lines of output); otherwise it is escaped too (one table cell, one line)."""
+    text = text if isinstance(text, str) else str(text)
+    return (_UNPRINTABLE_KEEP_NEWLINES if newlines else _UNPRINTABLE).sub(_escape, text)
+
+
+def echo(text: object = "", err: bool = False) -> None:
+    """``click.echo`` of :func:`printable` text (newlines kept): the one way the CLI prints a
+    line that may hold a name from a run store, a path or any other text it did not write."""
+    import click
+
+    click.echo(printable(text, newlines=True), err=err)
 
 
 def terminal_width() -> int | None:
@@ -27,7 +61,8 @@ def terminal_width() -> int | None:
 
 
 def cell(value: Any) -> str:
-    """A value as table text: floats with 6 significant digits, NaN and Inf spelled out."""
+    """A value as table text: floats with 6 significant digits, NaN and Inf spelled out, text
+    through :func:`printable`."""
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -40,7 +75,7 @@ def cell(value: Any) -> str:
         if value == int(value) and abs(value) < 1e15:
             return str(int(value))
         return f"{value:.6g}"
-    return str(value)
+    return printable(value)
 
 
 def shorten(text: str, width: int) -> str:
