@@ -367,3 +367,52 @@ def test_abs_max_is_answered_from_min_and_max(tmp_path) -> None:
         low, high = view.reduction_value(0, "min"), view.reduction_value(0, "max")
         grad = view.reduction_value(0, "max", abs=True)
         assert grad == max(abs(low), abs(high)) == view.reduction_value(0, "linf")
+
+
+# ---------------------------------------------------------------------------------------- lazy modules
+
+
+class WithLazy(nn.Module):
+    """A model whose ``LazyLinear`` is first called at step ``first_call`` (never, when ``None``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+        self.lazy = nn.LazyLinear(3)
+
+    def forward(self, x: torch.Tensor, use_lazy: bool) -> torch.Tensor:
+        y = self.fc(x)
+        return y + self.lazy(x).sum() if use_lazy else y
+
+
+@pytest.mark.parametrize("first_call", [None, 3])
+def test_an_uninitialised_lazy_parameter_is_skipped_until_it_materialises(tmp_path, first_call) -> None:
+    torch.manual_seed(0)
+    model = WithLazy()
+    hook = tl.watch(model, backends=["local"], out_dir=tmp_path, run_name="lazy", save_interval=1,
+                    collections=["weights", "biases", "gradients", "updates"], dynamics=True)
+    opt = torch.optim.SGD(model.fc.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(6):
+            use = first_call is not None and step >= first_call
+            loss = model(torch.randn(5, 4), use).sum()
+            if use and step == first_call:  # materialised now: the optimizer takes it in
+                opt.add_param_group({"params": list(model.lazy.parameters())})
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        hook.close()
+    assert tensorlens_warnings(caught) == []
+    run = tl.open_run(hook.run_dir)
+    names = set(run.tensor_names())
+    for name in ("weights/fc.weight", "biases/fc.bias", "gradients/fc.weight", "updates/fc.weight"):
+        assert run.tensor(name).steps() == list(range(6)), name
+    lazy = {n for n in names if "lazy." in n}
+    if first_call is None:
+        assert lazy == set()
+    else:
+        assert {"weights/lazy.weight", "biases/lazy.bias", "gradients/lazy.weight", "updates/lazy.weight"} <= lazy
+        for name in ("weights/lazy.weight", "gradients/lazy.weight"):
+            assert run.tensor(name).steps() == list(range(first_call, 6)), name
+        assert run.tensor("weights/lazy.weight").reduction_value(5, "numel") == 12

@@ -453,7 +453,7 @@ class ModuleTaps:
             if append_parameters(root, start, seen, out):
                 continue
             for name, param in root.named_parameters():  # a module that overrides how it is walked
-                if id(param) in seen:  # tied weights are recorded once
+                if id(param) in seen or nn.parameter.is_lazy(param):  # tied weights once; lazy: no values yet
                     continue
                 seen.add(id(param))
                 out.append((start + name, param))
@@ -529,6 +529,7 @@ def describe_modules(model: Any, prefix: str = "") -> list[dict[str, Any]]:
             "name": full,
             "type": type(module).__name__,
             "extra_repr": extra,
-            "parameters": {n: list(p.shape) for n, p in module.named_parameters(recurse=False)},
+            # an uninitialised (lazy) parameter has no shape yet
+            "parameters": {n: None if nn.parameter.is_lazy(p) else list(p.shape) for n, p in module.named_parameters(recurse=False)},
         })
     return out

@@ -149,7 +149,8 @@ class CallerValues:
         out = []
         for source in self._sources:
             for name, param in source.parameters():
-                if id(param) not in seen:  # tied weights are recorded once
+                # tied weights are recorded once; an uninitialised (lazy) parameter from its first step with values
+                if id(param) not in seen and not torch.nn.parameter.is_lazy(param):
                     seen.add(id(param))
                     out.append((name, param))
         return out

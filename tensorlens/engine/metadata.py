@@ -52,7 +52,8 @@ def run_metadata(recorder: Any, sources: Iterable[Any] = ()) -> dict[str, Any]:
     classes: list[str] = []
     for source in sources:
         for name, param in source.parameters():
-            if id(param) not in seen:  # tied weights count once, as the recorder records them
+            # tied weights count once, as the recorder records them; a lazy one, not yet materialised, has no size
+            if id(param) not in seen and not torch.nn.parameter.is_lazy(param):
                 seen.add(id(param))
                 parameters.append((name, param))
         classes += [type(module).__name__ for _, module in getattr(source, "roots", ())]

@@ -8,7 +8,9 @@ and, at the next steps, only puts this step's tensors (the same parameter object
 gradients) into jobs built from the kept templates: about half a microsecond per tensor instead of
 a few. The key is the parameters (by identity and name), the set of saving collections and the
 planner's :attr:`~tensorlens.engine.plan.Planner.version`, bumped by every change of a collection
-or config (``tests/test_step_plan.py`` changes each between steps).
+or config (``tests/test_step_plan.py`` changes each between steps). A lazy parameter
+(``nn.LazyLinear``) is left out of the list until it materialises, and materialising keeps its
+``id`` but adds its name, so the key changes then (``tests/test_robustness.py``).
 """
 
 from __future__ import annotations
