@@ -31,12 +31,12 @@ import re
 import sqlite3
 import stat
 import zlib
-from pathlib import Path
 
 import numpy as np
 
 from tensorlens.records import HISTOGRAM_INFO, HISTOGRAM_INTEGER_INFO
 from tensorlens.store.errors import CorruptRunError
+from tensorlens.store.readonly import connect_readonly
 
 # 3: one row per step for all scalars and one for all histograms, packed as arrays, with the
 #    names in a ``layouts`` table (a step's layout is almost always the previous step's).
@@ -169,25 +169,14 @@ def encode_array(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def decode_array(blob: bytes) -> np.ndarray:
-    return np.load(io.BytesIO(blob), allow_pickle=False)
-
-
-# Packed blobs (scalars, histogram counts, edges and info) are raw little-endian arrays: their
-# dtypes are fixed, and np.save's header cost a third of a step's write time.
-def decode_f8(blob: bytes) -> np.ndarray:
-    return np.frombuffer(blob, dtype="<f8").astype(np.float64)
-
-
 def connect(path: str, readonly: bool = False) -> sqlite3.Connection:
+    """A connection for writing (WAL mode), or with ``readonly`` one for reading that needs no write
+    access to the file or its folder (see :mod:`tensorlens.store.readonly`)."""
     if readonly:
-        # a URI, percent-encoded: a path holding "?" or "#" must not end the file name early
-        uri = Path(path).absolute().as_uri() + "?mode=ro"
-        connection = sqlite3.connect(uri, uri=True, timeout=10, check_same_thread=False)
-    else:
-        connection = sqlite3.connect(path, timeout=30, check_same_thread=False)
-        connection.execute("PRAGMA journal_mode=WAL")
-        connection.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes; WAL keeps it consistent
+        return connect_readonly(path)
+    connection = sqlite3.connect(path, timeout=30, check_same_thread=False)
+    connection.execute("PRAGMA journal_mode=WAL")
+    connection.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes; WAL keeps it consistent
     return connection
 
 
