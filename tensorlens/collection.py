@@ -3,6 +3,8 @@
 Built-in collections are tied to a *kind* of tensor (``weights`` are parameters not named
 ``bias``, ``gradients`` their ``.grad``, ``activations`` module outputs, ...). ``include(regex)``
 narrows a built-in collection to the names that match (``re.search``) and widens a custom one.
+Each (pattern, name) pair is matched once per run and the answer kept, and a pattern that can
+backtrack catastrophically is warned about when it is given (:mod:`tensorlens.patterns`).
 A custom collection gathers tensors of several kinds by name and records them as
 ``"{collection}/{kind}/{name}"``.
 """
@@ -17,6 +19,7 @@ from typing import Any
 
 from tensorlens._checks import expected
 from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig
+from tensorlens.patterns import compile_pattern, search
 
 
 class Kind(str, enum.Enum):
@@ -116,14 +119,10 @@ class Collection:
             self.on_change()
 
     def include(self, *regex: str) -> Collection:
-        """Add name patterns (``re.search``); returns the collection for chaining."""
+        """Add name patterns (``re.search``); returns the collection for chaining. A pattern with
+        nested unbounded repeats (``(a+)+``) is warned about here, once."""
         for pattern in regex:
-            if not isinstance(pattern, str):
-                raise expected("regex", "a string", pattern)
-            try:
-                self.patterns.append(re.compile(pattern))
-            except re.error as err:
-                raise expected("regex", "a valid regular expression", pattern) from err
+            self.patterns.append(compile_pattern(pattern, "regex"))
         if self.on_change is not None:
             self.on_change()
         return self
@@ -166,7 +165,7 @@ class Collection:
             return True
         if not self.patterns:
             return self.builtin
-        return any(p.search(name) for p in self.patterns)
+        return any(search(p, name) for p in self.patterns)  # each (pattern, name) matched once
 
     def record_name(self, kind: str, name: str) -> str:
         return f"{self.name}/{name}" if self.builtin else f"{self.name}/{kind}/{name}"

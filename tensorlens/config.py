@@ -318,7 +318,7 @@ class DynamicsConfig:
 
 
 def _regex_mapping(name: str, value: Any, what: str) -> list[str]:
-    import re
+    from tensorlens.patterns import compile_pattern  # here: patterns imports _checks, config is imported first
 
     if not isinstance(value, Mapping):
         raise expected(name, what, value)
@@ -326,7 +326,7 @@ def _regex_mapping(name: str, value: Any, what: str) -> list[str]:
         if not isinstance(pattern, str):
             raise expected(name, what, value)
         try:
-            re.compile(pattern)
-        except re.error:
+            compile_pattern(pattern, name)  # also warns about a pattern that can backtrack catastrophically
+        except ValueError:
             raise expected(name, f"{what} of valid regular expressions", value) from None
     return list(value)

@@ -44,6 +44,7 @@ from torch.utils.hooks import RemovableHandle
 from tensorlens._runtime import compiling, in_backward
 from tensorlens.capture.parameters import append_parameters
 from tensorlens.config import DynamicsConfig
+from tensorlens.patterns import search  # each (pattern, name) matched once: hints are read at every saved step
 from tensorlens.stats.derived import sample_norms
 
 _MAX_DEPTH = 6
@@ -121,13 +122,13 @@ def dynamics_hints(module: nn.Module, name: str, config: DynamicsConfig) -> Dyna
     if isinstance(config.channel_last, bool):
         channel_last = config.channel_last
     elif isinstance(config.channel_last, Mapping):
-        channel_last = next((v for pattern, v in config.channel_last.items() if re.search(pattern, name)), None)
+        channel_last = next((v for pattern, v in config.channel_last.items() if search(re.compile(pattern), name)), None)
     if channel_last is None and isinstance(module, _CHANNEL_FIRST):
         channel_last = False
     bounds: tuple[float, float] | None = None
     if config.saturation:
         if config.saturation_bounds:
-            bounds = next((tuple(b) for pattern, b in config.saturation_bounds.items() if re.search(pattern, name)), None)  # type: ignore[assignment]
+            bounds = next((tuple(b) for pattern, b in config.saturation_bounds.items() if search(re.compile(pattern), name)), None)  # type: ignore[assignment]
         if bounds is None:
             bounds = saturation_bounds(module)
     return DynamicsHints(channel_last, bounds, config.grad_norms)
