@@ -20,7 +20,9 @@ collection's save settings start from the hook's; when ``CollectionConfiguration
 collections it names are the ones recorded. ``reductions`` lists ``min``/``abs_mean`` style names and
 ``l1_norm``/``abs_l2_norm`` style norms. Unknown keys are an error (a typo must not pass
 silently); ``S3Path``/``S3OutputPath`` and ``dry_run`` have no meaning here and are ignored with a
-warning.
+warning. The file is untrusted input: whatever is wrong with it (unreadable, not a regular file,
+not UTF-8, not JSON, nested too deeply, an integer too long to convert, a wrong setting) is one
+:class:`ConfigFileError` (a ``ValueError``) that names the file and, where one is at fault, the key.
 
 >>> hook = tl.Hook.create_from_json_file("debughookconfig.json")   # doctest: +SKIP
 >>> hook.register_module(model)                                    # doctest: +SKIP
@@ -31,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import stat
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -256,15 +259,99 @@ def json_config_path(json_file_path: str | os.PathLike[str] | None = None) -> st
     raise expected("json_file_path", f"a path, or the environment variable {CONFIG_FILE_PATH_ENV} set to one", None)
 
 
+class ConfigFileError(ValueError):
+    """A configuration file that cannot be used, named with the reason (and the key, where one
+    is at fault): one error type for what the file system, the decoder and the checks find."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        if len(problem) > 1000:  # a check's message quotes the value it refused, which may be large
+            problem = problem[:1000] + "..."
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+
+
+#: A hook configuration is a few hundred bytes; a file far larger is not one (and is not read whole).
+MAX_CONFIG_BYTES = 1 << 20
+#: Python refuses to convert integers of more digits than this (``sys.get_int_max_str_digits``).
+MAX_INT_DIGITS = 4300
+
+
+class _LongNumber:
+    """A JSON integer too long to convert, kept as a marker until its key is known."""
+
+    def __init__(self, text: str) -> None:
+        self.digits = len(text.lstrip("-"))
+
+
+def _parse_int(text: str) -> int | _LongNumber:
+    return _LongNumber(text) if len(text) > MAX_INT_DIGITS else int(text)
+
+
+def _long_number_key(config: Any) -> tuple[str, int] | None:
+    """The key path of the first :class:`_LongNumber` in ``config`` and its digits, if any
+    (iterative: the structure may be as deep as the decoder allows)."""
+    stack: list[tuple[str, Any]] = [("", config)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, _LongNumber):
+            return where or "the top level", value.digits
+        if isinstance(value, dict):
+            stack += [(f"{where}[{k!r}]" if where else k, v) for k, v in reversed(value.items())]
+        elif isinstance(value, list):
+            stack += [(f"{where}[{i}]", v) for i, v in reversed(list(enumerate(value)))]
+    return None
+
+
+def _read_config_text(path: str) -> str:
+    """The file's text: a regular file (a FIFO or a device would block or never end: refused
+    without blocking), at most :data:`MAX_CONFIG_BYTES`, UTF-8 (with or without a BOM)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as err:
+        raise ConfigFileError(path, f"cannot be read: {err.strerror or err}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigFileError(path, "is not a regular file")
+        data = b""
+        while len(data) <= MAX_CONFIG_BYTES and (chunk := os.read(fd, MAX_CONFIG_BYTES + 1 - len(data))):
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigFileError(path, f"is larger than {MAX_CONFIG_BYTES} bytes: not a hook configuration")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ConfigFileError(path, f"is not UTF-8 text (byte {data[err.start]:#04x} at offset {err.start})") from None
+
+
 def read_json_config(json_file_path: str | os.PathLike[str] | None = None) -> HookConfig:
-    """Read and parse the configuration file (see :func:`json_config_path`)."""
+    """Read and parse the configuration file (see :func:`json_config_path`). Whatever is wrong
+    with it, in the file or in its settings, raises one :class:`ConfigFileError` naming the file
+    (and the key, where one is at fault): unreadable, not a regular file, too large, not UTF-8,
+    not JSON, nested too deeply to decode, an integer too long to convert, a wrong setting."""
     path = json_config_path(json_file_path)
-    with open(path, encoding="utf-8") as f:
-        try:
-            config = json.load(f)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: not valid JSON: {err}") from None
-    return parse_json_config(config, path)
+    text = _read_config_text(path)
+    try:
+        config = json.loads(text, parse_int=_parse_int)
+    except json.JSONDecodeError as err:
+        raise ConfigFileError(path, f"not valid JSON: {err}") from None
+    except RecursionError:
+        raise ConfigFileError(path, "not a hook configuration: JSON nested too deeply to decode") from None
+    except ValueError as err:  # a float the decoder refuses, and the like
+        raise ConfigFileError(path, f"not valid JSON: {err}") from None
+    long_number = _long_number_key(config)
+    if long_number is not None:
+        key, digits = long_number
+        raise ConfigFileError(path, f"{key}: an integer of {digits} digits (at most {MAX_INT_DIGITS})")
+    try:
+        return parse_json_config(config, path)
+    except ConfigFileError:
+        raise
+    except ValueError as err:  # the checks name the key; the file is named here
+        raise ConfigFileError(path, str(err)) from None
+    except RecursionError:  # a value nested nearly as deep as the decoder allows, quoted in a message
+        raise ConfigFileError(path, "a setting is nested too deeply") from None
 
 
 def create_hook_from_json_file(hook_class: Any, json_file_path: str | os.PathLike[str] | None = None, **overrides: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import pytest
@@ -145,3 +146,41 @@ def test_hook_create_from_json_file_is_the_classmethod(tmp_path, monkeypatch) ->
         assert hook.save_config.should_save(tl.ModeKeys.TRAIN, 3) and not hook.save_config.should_save(tl.ModeKeys.TRAIN, 2)
     finally:
         hook.close()
+
+
+def _raw(tmp_path: Any, data: bytes) -> str:
+    path = tmp_path / "debughookconfig.json"
+    path.write_bytes(data)
+    return str(path)
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    (b'{"HookParameters": {"save_interval": "\xff\xfe\x00"}}', "not UTF-8 text"),
+    (bytes(range(256)), "not UTF-8 text"),
+    (b'{"HookParameters": {"save_interval": ' + b"7" * 5000 + b"}}", r"HookParameters\['save_interval'\]: an integer of 5000 digits"),
+    (b'{"HookParameters": {"save_interval": "often"}}', r"HookParameters\['save_interval'\]"),
+    (b'{"HookParameters": {"save_interval": 3', "not valid JSON"),
+    (b" " * ((1 << 20) + 1), "larger than"),
+])
+def test_an_unusable_file_is_one_error_naming_the_file_and_key(tmp_path: Any, data: bytes, message: str) -> None:
+    path = _raw(tmp_path, data)
+    with pytest.raises(json_config.ConfigFileError, match=message) as caught:
+        json_config.read_json_config(path)
+    assert isinstance(caught.value, ValueError) and str(caught.value).startswith(f"{path}: ")
+    assert len(str(caught.value)) < 1200
+
+
+def test_a_fifo_or_a_folder_is_refused_without_blocking(tmp_path: Any) -> None:
+    fifo = tmp_path / "config.fifo"
+    os.mkfifo(fifo)  # nothing writes to it: opening it to read would block forever
+    for path in (fifo, tmp_path):
+        with pytest.raises(json_config.ConfigFileError, match="not a regular file"):
+            json_config.read_json_config(path)
+    with pytest.raises(json_config.ConfigFileError, match="cannot be read"):
+        json_config.read_json_config(tmp_path / "absent.json")
+
+
+def test_a_file_with_a_bom_is_read(tmp_path: Any) -> None:
+    path = _raw(tmp_path, b"\xef\xbb\xbf" + json.dumps({"HookParameters": {"save_interval": "7"}}).encode())
+    assert json_config.read_json_config(path).hook_kwargs["save_config"].modes[ModeKeys.TRAIN].save_interval == 7
