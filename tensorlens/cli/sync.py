@@ -1,8 +1,11 @@
 """``tensorlens sync RUN --to wandb|mlflow|tensorboard``: replay a stored run into a tracker.
 
-Again later: only the steps recorded since are sent (what was sent is kept in the run store; see
-:mod:`tensorlens.sync`). W&B offline (``WANDB_MODE=offline`` or ``--offline``) writes an offline
-run folder, and the command prints the ``wandb sync`` line that uploads it.
+Again later: only the steps recorded since are sent (what was sent is kept beside the run store,
+which sync only reads; see :mod:`tensorlens.sync`). W&B offline (``WANDB_MODE=offline`` or
+``--offline``) writes an offline run folder, and the command prints the ``wandb sync`` line that
+uploads it. Exit codes as every command's (1 an error, one ``Error: ...`` line, also for a sync
+that stopped midway or found another sync of the run to the destination running; 130 Ctrl-C),
+and 143 for SIGTERM (128 + 15), after the progress is saved.
 """
 
 from __future__ import annotations
@@ -12,7 +15,10 @@ import os
 import click
 
 from tensorlens.cli.group import echo_lines
-from tensorlens.sync import SyncResult, sync_run
+from tensorlens.sync import SyncError, SyncResult, SyncTerminated, sync_run
+
+#: The exit code after SIGTERM: 128 + the signal, as 130 is for Ctrl-C (SIGINT).
+EXIT_TERMINATED = 143
 
 
 @click.command("sync")
@@ -32,13 +38,22 @@ def command(run: str, to: str, project: str | None, entity: str | None, offline:
             tracking_uri: str | None, experiment: str | None, artifact_location: str | None, logdir: str | None,
             new_run: bool, progress: bool) -> None:
     """Replay the stored run RUN into W&B, MLflow or TensorBoard; again later, only new steps."""
-    # errors (a folder with no run, an option the target does not take, a tracker missing or
-    # unreachable, a sync that stopped midway: SyncError) become one "Error: ..." line in the group
-    result = sync_run(
-        run, to, project=project, entity=entity, offline=offline or None, wandb_dir=wandb_dir,
-        tracking_uri=tracking_uri, experiment=experiment, artifact_location=artifact_location, logdir=logdir,
-        new_run=new_run, progress=progress,
-    )
+    # errors (a folder with no run, an option the target does not take, a tracker missing) become
+    # one "Error: ..." line in the group; a SyncError (a tracker unreachable, a sync that stopped
+    # midway, another sync running) is not one of the group's user errors, so it is made one here
+    try:
+        result = sync_run(
+            run, to, project=project, entity=entity, offline=offline or None, wandb_dir=wandb_dir,
+            tracking_uri=tracking_uri, experiment=experiment, artifact_location=artifact_location, logdir=logdir,
+            new_run=new_run, progress=progress,
+        )
+    except SyncError as err:
+        if os.environ.get("TENSORLENS_DEBUG", "") not in ("", "0"):
+            raise
+        raise click.ClickException(str(err)) from None
+    except SyncTerminated as err:
+        click.echo(f"Terminated: {err}", err=True)
+        raise click.exceptions.Exit(EXIT_TERMINATED) from None
     echo_lines(describe(run, result))
 
 

@@ -12,34 +12,40 @@ tracker's records when the tracker falls behind and turns its errors into one wa
 needs the opposite: wait for the tracker, know exactly which records it accepted (those are
 marked as sent), and stop at the first error so the next sync continues from there.
 
-Idempotent and resumable: what reached the tracker is recorded in the run store
-(:mod:`tensorlens.sync.state`) at checkpoints (every ``checkpoint_every`` records: the backend
-is flushed, then the progress committed), at the end, and when the sync stops on an error or
-Ctrl-C. A second sync sends only the records after the last ones marked; only a hard kill
-(``kill -9``) leaves the records written since the last checkpoint unmarked, to be sent again. Records already sent are given to :meth:`Backend.restore` instead, so charts
-built across steps continue where the earlier session stopped.
+Idempotent and resumable: what reached the tracker is recorded in the sync state beside the
+run store (:mod:`tensorlens.sync.state`; the store itself is only read, through the reader) at
+checkpoints (every ``checkpoint_every`` records: the backend is flushed, then the progress
+committed), at the end, and when the sync stops on an error, Ctrl-C or SIGTERM
+(:mod:`tensorlens.sync.signals`). A second sync sends only the records after the last ones
+marked; only a hard kill (``kill -9``) leaves the records written since the last checkpoint
+unmarked, to be sent again. Records already sent are given to :meth:`Backend.restore` instead,
+so charts built across steps continue where the earlier session stopped. One sync of a run to a
+destination runs at a time (:mod:`tensorlens.sync.lock`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, RunInfo
 from tensorlens.findings import Finding
+from tensorlens.store.errors import CorruptRunError
 from tensorlens.store.reader import Run, open_run
 from tensorlens.store.schema import store_files
-from tensorlens.sync.state import Progress, SyncState, TargetState
+from tensorlens.sync.errors import SyncBusyError, SyncError, SyncTerminated
+from tensorlens.sync.lock import SyncLock
+from tensorlens.sync.signals import Termination, stop_on_sigterm
+from tensorlens.sync.state import Progress, SyncState, TargetState, locate, make_folder
 from tensorlens.sync.target import SyncTarget, create_target
 
-
-class SyncError(RuntimeError):
-    """A sync stopped before the end; what was sent is recorded, the same sync continues it."""
+__all__ = ["SyncBusyError", "SyncError", "SyncResult", "SyncTerminated", "sync_run"]
 
 
 @dataclasses.dataclass
@@ -112,26 +118,61 @@ def sync_run(
         to, project=project, entity=entity, wandb_dir=wandb_dir, offline=offline,
         tracking_uri=tracking_uri, experiment=experiment, artifact_location=artifact_location, logdir=logdir,
     )
-    with open_run(path) as stored, SyncState(files[0]) as state:
-        return _Replay(stored, state, target, path, checkpoint_every, progress).run(new_run)
+    # the source is only read, through the reader; what was sent is kept in a state of its own
+    with open_run(path) as stored:
+        if not stored.meta:
+            raise FileNotFoundError(
+                f"no tensorlens run recorded at {path!r} yet: {files[0]} holds no store "
+                f"({'an empty file' if os.path.getsize(files[0]) == 0 else 'no tables'}; a run being created, or not a run)"
+            )
+        location = locate(files[0])
+        make_folder(location, path)
+        what = f"{os.path.normpath(path)} to {target.key}"
+        with (
+            SyncLock(location.folder, f"{location.name}\0{target.key}", what), _environment(target.environment()),
+            stop_on_sigterm() as termination, SyncState(location.path, location.seeds) as state,
+        ):
+            return _Replay(stored, state, target, path, checkpoint_every, progress, termination).run(new_run)
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in ``os.environ`` for the block, but those the user has set."""
+    added = [k for k in values if k not in os.environ]
+    os.environ.update({k: values[k] for k in added})
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
 
 
 class _Replay:
     """One sync session: the stored run, its sync state, the target and its backend."""
 
-    def __init__(self, stored: Run, state: SyncState, target: SyncTarget, path: str, checkpoint_every: int, progress: bool) -> None:
+    def __init__(
+        self, stored: Run, state: SyncState, target: SyncTarget, path: str, checkpoint_every: int, progress: bool,
+        termination: Termination,
+    ) -> None:
         self.stored = stored
         self.state = state
         self.target = target
         self.path = path
         self.checkpoint_every = checkpoint_every
         self.show_progress = progress
+        self.termination = termination
 
     def run(self, new_run: bool) -> SyncResult:
         key = self.target.key
         if new_run:
             self.state.forget(key)
         known = self.state.target(key)
+        if known is not None:
+            problem = self.target.check_state(known.run_id, known.info)
+            if problem:  # read from a file: never a folder outside the destination, never a guess
+                raise CorruptRunError(
+                    self.state.path, f"{problem}; sync with --new-run to start {key} over", "sync_targets",
+                )
         meta = self.stored.meta
         run_name = meta.get("run_name") or os.path.basename(os.path.abspath(self.path))
         self.target.info = dict(known.info) if known is not None else {}
@@ -163,6 +204,11 @@ class _Replay:
                 self.target.finish()
             except Exception:  # the error that stopped the sync is the one to report
                 pass
+            if isinstance(err, SyncTerminated):
+                raise SyncTerminated(
+                    f"tensorlens sync to {key} stopped by SIGTERM after {session.sent_total} new records; "
+                    "what was sent is recorded: run the same sync again to continue"
+                ) from None
             if isinstance(err, Exception):
                 raise SyncError(
                     f"tensorlens sync to {key} stopped after {session.sent_total} new records "
@@ -195,6 +241,8 @@ class _Replay:
             for finding in findings[: session.target_state.findings_sent]:
                 session.backend.restore(finding)
         findings = findings[session.target_state.findings_sent:]
+        check = self.termination.check
+        check("")
         with _progress_bar(len(pending) if self.show_progress else None) as advance:
             for record in self.stored.records(start_step=start):
                 last = done.get((str(record.mode), record.worker))
@@ -204,12 +252,15 @@ class _Replay:
                 # in a live run a finding follows the record of its step, before the next step's
                 while findings and findings[0].step < record.step:
                     session.write_finding(findings.pop(0))
+                    check("")
                 session.write(record)
                 advance()
+                check("")  # SIGTERM: between two records, never inside one
                 if session.since_checkpoint >= self.checkpoint_every:
                     session.checkpoint()
             while findings:
                 session.write_finding(findings.pop(0))
+                check("")
         session.checkpoint()
 
 

@@ -11,6 +11,7 @@ base class and the name registry, so the core imports no tracker.
 from __future__ import annotations
 
 import importlib
+import re
 from typing import Any, ClassVar
 
 from tensorlens._checks import expected
@@ -33,7 +34,7 @@ class SyncTarget:
     options: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self) -> None:
-        #: Kept in the run store between sessions (JSON): what the target needs to continue.
+        #: Kept in the sync state between sessions (JSON): what the target needs to continue.
         self.info: dict[str, Any] = {}
         #: The tracker run, once started (or known from an earlier session).
         self.run_id: str | None = None
@@ -58,6 +59,21 @@ class SyncTarget:
         run's id."""
         raise NotImplementedError
 
+    def environment(self) -> dict[str, str]:
+        """Environment variables to set while the sync runs (those the user has set are kept):
+        the tracker client's network timeouts and retries, so a tracker that goes away fails
+        the sync in seconds rather than minutes."""
+        return {}
+
+    def check_state(self, run_id: str, info: dict[str, Any]) -> str | None:
+        """What is wrong with the tracker run id and ``info`` kept from an earlier sync (read from
+        a file, so untrusted: the id names folders and URLs), or ``None``. The default takes ids
+        of word characters, ``.``, ``-`` and ``%`` that do not start with ``.``: one path
+        component, never ``..``."""
+        if not _RUN_ID.fullmatch(run_id):
+            return f"the tracker run id {run_id!r} is not one (it would name a folder or URL outside the tracker's)"
+        return None
+
     def finish(self) -> None:  # noqa: B027 - optional hook
         """After the backend was closed: end the tracker run (W&B ``finish``, MLflow ``FINISHED``)."""
 
@@ -66,6 +82,8 @@ class SyncTarget:
         also called without :meth:`start` when there was nothing new to send."""
         return []
 
+
+_RUN_ID = re.compile(r"[A-Za-z0-9_%\-][A-Za-z0-9_.%\-]{0,254}")
 
 _TARGETS: dict[str, str | type[SyncTarget]] = {
     "wandb": "tensorlens.integrations.sync_targets:WandbTarget",

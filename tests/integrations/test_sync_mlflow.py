@@ -155,7 +155,7 @@ def test_an_unreachable_server_is_one_clear_error(tmp_path: Path) -> None:
         port = sock.getsockname()[1]
     with pytest.raises(SyncError, match="could not open the mlflow run .*unreachable"):
         sync_run(run_dir, "mlflow", tracking_uri=f"http://127.0.0.1:{port}", progress=False)
-    from tensorlens.sync.state import SyncState
+    from tensorlens.sync.state import SyncState, locate
 
-    with SyncState(os.path.join(run_dir, "tensorlens.sqlite")) as state:  # no tracker run was made: none recorded
+    with SyncState(locate(os.path.join(run_dir, "tensorlens.sqlite")).path) as state:  # no tracker run was made: none recorded
         assert state.targets() == []
