@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
+from tensorlens.cli.output import check_output, write_output
 from tensorlens.cli.progress import progress, record_count
+from tensorlens.cli.table import echo
 
 
 @click.command("explore")
@@ -20,10 +22,11 @@ def command(run: str, output: str, worker: str | None, title: str | None) -> Non
     from tensorlens.reports.explorer import build_explorer
     from tensorlens.store.reader import open_run
 
+    check_output(output, [run])  # before the runs are read: a refusal costs nothing
     with open_run(check_run_folder(run)) as opened:
         total = record_count(opened, None, worker)
     with progress(total, "reading run", unit="record") as advance:
         page = build_explorer(run, LoadOptions(columns=120, histogram_columns=60, worker=worker), title=title,
                               progress=advance)
-    page.save(output)
-    click.echo(f"wrote {output} ({len(page.html) / 1e6:.1f} MB)", err=True)
+    write_output(output, page.html, [run])
+    echo(f"wrote {output} ({len(page.html) / 1e6:.1f} MB)", err=True)

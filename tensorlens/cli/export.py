@@ -18,7 +18,9 @@ from typing import Any
 import click
 
 from tensorlens.cli.group import PipeClosed
+from tensorlens.cli.output import check_output, open_output
 from tensorlens.cli.progress import progress, record_count
+from tensorlens.cli.table import echo
 from tensorlens.modes import ModeKeys
 from tensorlens.records import StepRecord
 
@@ -61,7 +63,7 @@ def write_csv(run: Any, out: Any, mode: str | None, worker: str | None, pattern:
     return rows
 
 
-def write_parquet(run: Any, path: str, mode: str | None, worker: str | None, pattern: re.Pattern[str] | None,
+def write_parquet(run: Any, out: Any, mode: str | None, worker: str | None, pattern: re.Pattern[str] | None,
                   advance: Any) -> int:
     try:
         import pyarrow as pa
@@ -76,7 +78,7 @@ def write_parquet(run: Any, path: str, mode: str | None, worker: str | None, pat
     cache: dict[int, Any] = {}
     columns: dict[str, list[Any]] = {c: [] for c in COLUMNS}
     rows = 0
-    with pq.ParquetWriter(path, schema) as writer:
+    with pq.ParquetWriter(out, schema) as writer:
         def flush() -> None:
             if columns["step"]:
                 writer.write_table(pa.Table.from_pydict(columns, schema=schema))
@@ -128,30 +130,21 @@ def command(run: str, fmt: str, output: str | None, mode: str | None, worker: st
     with open_run(check_run_folder(run)) as opened:
         if output is None:
             output = f"{os.path.basename(os.path.normpath(run)) or 'run'}.{fmt}"
+        if output != "-":
+            check_output(output, [run])  # before the run is read: a refusal costs nothing
         total = record_count(opened, mode, worker)
         with progress(total, "exporting", unit="record") as advance:
-            if fmt == "parquet":
-                tmp = f"{output}.tmp-{os.getpid()}"
-                try:
-                    rows = write_parquet(opened, tmp, mode, worker, pattern, advance)
-                    os.replace(tmp, output)
-                finally:
-                    if os.path.exists(tmp):
-                        os.remove(tmp)
-            elif output == "-":
+            if output == "-":
                 try:
                     rows = write_csv(opened, sys.stdout, mode, worker, pattern, advance)
                     sys.stdout.flush()
                 except BrokenPipeError:
                     raise PipeClosed from None
             else:
-                tmp = f"{output}.tmp-{os.getpid()}"
-                try:
-                    with open(tmp, "w", newline="", encoding="utf-8") as f:
+                with open_output(output, [run], binary=fmt == "parquet") as f:
+                    if fmt == "parquet":
+                        rows = write_parquet(opened, f, mode, worker, pattern, advance)
+                    else:
                         rows = write_csv(opened, f, mode, worker, pattern, advance)
-                    os.replace(tmp, output)
-                finally:
-                    if os.path.exists(tmp):
-                        os.remove(tmp)
     if output != "-":
-        click.echo(f"wrote {rows} rows to {output}", err=True)
+        echo(f"wrote {rows} rows to {output}", err=True)

@@ -4,6 +4,7 @@ errors into a message and an exit code (see :mod:`tensorlens.cli` for the codes)
 from __future__ import annotations
 
 import importlib
+import io
 import os
 import re
 import sqlite3
@@ -14,6 +15,7 @@ from typing import Any
 import click
 
 from tensorlens.cli import COMMANDS
+from tensorlens.cli.table import echo, printable
 
 #: Errors a user can cause (a missing run, a bad regular expression, a damaged file): one line, no traceback.
 USER_ERRORS: tuple[type[BaseException], ...] = (
@@ -73,7 +75,10 @@ def run(argv: Sequence[str] | None = None) -> int:
     except click.exceptions.Exit as done:
         return done.exit_code
     except click.ClickException as err:
-        err.show()
+        # click's own message (a usage error repeats what was typed) goes out through printable too
+        shown = io.StringIO()
+        err.show(file=shown)
+        echo(shown.getvalue().rstrip("\n"), err=True)
         return err.exit_code
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
@@ -97,7 +102,7 @@ def _error(err: BaseException) -> None:
     message = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
     if isinstance(err, re.error):
         message = f"not a valid regular expression ({err})"
-    click.echo(f"Error: {message or type(err).__name__}", err=True)
+    echo(f"Error: {message or type(err).__name__}", err=True)
 
 
 def _silence_stdout() -> None:
@@ -110,10 +115,11 @@ def _silence_stdout() -> None:
 
 
 def echo_lines(lines: Any) -> None:
-    """Print lines as they come; a closed pipe ends the command (exit 141) without a traceback."""
+    """Print lines as they come, through :func:`~tensorlens.cli.table.printable` (names in them come
+    from run stores); a closed pipe ends the command (exit 141) without a traceback."""
     try:
         for line in lines:
-            click.echo(line)
+            click.echo(printable(line, newlines=True))
         sys.stdout.flush()
     except BrokenPipeError:
         raise PipeClosed from None

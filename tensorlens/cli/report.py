@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
+from tensorlens.cli.output import check_output, write_output
 from tensorlens.cli.progress import progress, record_count
+from tensorlens.cli.table import echo
 
 
 @click.command("report")
@@ -25,6 +27,7 @@ def command(runs: tuple[str, ...], output: str, stat: str, histogram_axis: str, 
     from tensorlens.reports.sections import ReportOptions
     from tensorlens.store.reader import open_run
 
+    check_output(output, list(runs))  # before the runs are read: a refusal costs nothing
     total = 0
     for path in runs:
         with open_run(check_run_folder(path)) as run:
@@ -32,5 +35,5 @@ def command(runs: tuple[str, ...], output: str, stat: str, histogram_axis: str, 
     with progress(total or None, "reading runs", unit="record") as advance:
         page = build_report(list(runs), ReportOptions(stat=stat, histogram_axis=histogram_axis),
                             LoadOptions(worker=worker), title=title, progress=advance)
-    page.save(output)
-    click.echo(f"wrote {output} ({len(page.html) / 1e6:.1f} MB)", err=True)
+    write_output(output, page.html, list(runs))
+    echo(f"wrote {output} ({len(page.html) / 1e6:.1f} MB)", err=True)

@@ -97,6 +97,7 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], width: i
     width = width if width is not None else terminal_width()
     if width is None:
         width = 1 << 30
+    headers = [printable(h) for h in headers]
     texts = [[cell(v) for v in row] for row in rows]
     numeric = [all(isinstance(row[i], (int, float)) or row[i] is None for row in rows) if rows else False
                for i in range(len(headers))]
