@@ -151,15 +151,16 @@ def esc(text: Any) -> str:
 
 
 def write(path: str | os.PathLike[str], text: str) -> str:
-    """Write a page atomically (a half-written report is never left behind)."""
+    """Write a page: never over a run's files, into a FIFO or a character device as it is, and
+    otherwise atomically (a half-written page is never left behind); see :mod:`tensorlens.cli.output`."""
+    # tensorlens.cli.output needs no click: it is the one place the CLI and the API decide where
+    # a file may be written
+    from tensorlens.cli.output import write_output
+
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-    return path
+    return write_output(path, text)
 
 
 def matrix(rows: Sequence[str], steps: Sequence[int], values: np.ndarray) -> dict[str, Any]:
