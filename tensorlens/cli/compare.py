@@ -17,9 +17,16 @@ import click
 @click.option("--check", is_flag=True, help="Exit with 1 when the runs differ.")
 def command(a: str, b: str, rtol: float, atol: float, limit: int, check: bool) -> None:
     """Compare two stored runs step by step: the first step where each statistic differs."""
+    from tensorlens.cli.progress import progress
+    from tensorlens.cli.table import printable
     from tensorlens.rules.compare import compare_runs
+    from tensorlens.store.reader import open_run
 
-    result = compare_runs(a, b, rtol=rtol, atol=atol)
-    click.echo(result.summary(limit=limit))
+    with open_run(a) as run_a, open_run(b) as run_b:
+        total = len(run_a.step_keys()) + len(run_b.step_keys())
+        with progress(total, "comparing", unit="record") as advance:
+            result = compare_runs(run_a, run_b, rtol=rtol, atol=atol, on_record=lambda _: advance(1))
+    for line in result.summary_lines(limit=limit):  # names come from the stores: escaped, one line each
+        click.echo(printable(line))
     if check and not result.equal:
         raise SystemExit(1)

@@ -8,6 +8,8 @@ The classes live in modules by what they read: :mod:`~tensorlens.rules.tensors`,
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from typing import Any
 
 from tensorlens.rules.activations import DeadRelu, PoorWeightInitialization, SaturatedActivation
@@ -40,8 +42,34 @@ BUILTIN_RULES["StalledTrainingRule"] = StalledTraining
 DEFAULT_RULES = ("ExplodingTensor", "NonFiniteGradient", "VanishingGradient", "GradientNormSpike", "LossNotDecreasing")
 
 
-def create_rule(name: str, **params: Any) -> Rule:
+def rule_parameters(cls: type[Rule]) -> list[str]:
+    """The keyword parameters a rule class accepts: its own and, through ``**kwargs``, those of
+    the classes it passes them to (``action``, ``name`` of :class:`Rule`).
+
+    >>> rule_parameters(VanishingGradient)
+    ['threshold', 'tensor_regex', 'action', 'name']
+    """
+    names: list[str] = []
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        takes_more = False
+        for p in inspect.signature(init).parameters.values():
+            if p.kind is p.VAR_KEYWORD:
+                takes_more = True
+            elif p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in names:
+                names.append(p.name)
+        if not takes_more:
+            break
+    return names
+
+
+def create_rule(name: str, /, **params: Any) -> Rule:
     """A built-in rule from its name and parameters (strings are fine, as SageMaker passes them).
+    A parameter the rule does not take is a ``ValueError`` naming the rule and the ones it takes
+    (a typo in a CLI ``--rule`` spec or a JSON configuration, not a ``TypeError`` from deep inside).
+    ``name`` is positional only: ``name=`` among ``params`` names the rule's findings.
 
     >>> create_rule("VanishingGradient", threshold="0.001").threshold
     0.001
@@ -49,5 +77,14 @@ def create_rule(name: str, **params: Any) -> Rule:
     try:
         cls = BUILTIN_RULES[name]
     except KeyError:
-        raise ValueError(f"Expected a built-in rule name from {sorted(BUILTIN_RULES)}, but got {name!r}") from None
+        close = difflib.get_close_matches(name, BUILTIN_RULES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"Expected a built-in rule name from {sorted(BUILTIN_RULES)}, but got {name!r}{hint}") from None
+    accepted = rule_parameters(cls)
+    unknown = [key for key in params if key not in accepted]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], accepted, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"Rule {name} has no parameter {', '.join(map(repr, unknown))}{hint}; "
+                         f"its parameters are: {', '.join(accepted)}")
     return cls(**params)

@@ -16,30 +16,17 @@ Divergence(tensor='weights/fc1.weight', stat='l2', step=1, ...)
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable, Iterator
-from typing import NamedTuple
 
 import numpy as np
 
 from tensorlens._checks import expected
 from tensorlens.modes import ModeKeys
 from tensorlens.records import StepRecord
+from tensorlens.rules.alignment import HISTOGRAM, VALUE, Alignment, Difference, Reported, alignment, close
 from tensorlens.store.reader import Run, StepKey, open_run
 
-#: The statistic name under which histogram counts and raw tensor values are compared.
-HISTOGRAM, VALUE = "histogram", "value"
-
-
-class Difference(NamedTuple):
-    """Two records disagree on ``stat`` of ``tensor`` (``""`` for a plain scalar)."""
-
-    tensor: str
-    stat: str
-    a: float
-    b: float
-    index: int | None = None  # the first differing bin or element, for histograms and raw values
-
+__all__ = ["HISTOGRAM", "VALUE", "Comparison", "Difference", "Divergence", "compare_records", "compare_runs"]
 
 @dataclasses.dataclass(frozen=True)
 class Divergence:
@@ -95,10 +82,15 @@ class Comparison:
 
     def summary(self, limit: int = 20) -> str:
         """A human-readable account, as ``tensorlens compare`` prints it."""
+        return "\n".join(self.summary_lines(limit))
+
+    def summary_lines(self, limit: int = 20) -> list[str]:
+        """:meth:`summary` line by line: names come from the runs' stores as they are (the CLI
+        escapes each line, so a name's own newline or control characters stay in its line)."""
         lines = [f"compared {self.steps_compared} steps of {self.a} (a) and {self.b} (b), rtol={self.rtol:g} atol={self.atol:g}"]
         if self.equal:
             lines.append("no difference")
-            return "\n".join(lines)
+            return lines
         if self.divergences:
             lines.append(f"{len(self.divergences)} statistics differ; first step of each:")
             ordered = sorted(self.divergences, key=lambda d: (d.step, d.tensor, d.stat))
@@ -113,19 +105,7 @@ class Comparison:
                              ("statistics only in a", self.stats_only_in_a), ("statistics only in b", self.stats_only_in_b)):
             if items:
                 lines.append(f"{label} ({len(items)}): {', '.join(items[:limit])}{' ...' if len(items) > limit else ''}")
-        return "\n".join(lines)
-
-
-def _close(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> np.ndarray:
-    """Element-wise ``|a - b| <= atol + rtol * max(|a|, |b|)`` (symmetric, unlike numpy's
-    ``isclose``); NaN equals NaN and an infinity equals the same infinity."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        same = (a == b) | (np.isnan(a) & np.isnan(b))
-        near = np.abs(a - b) <= atol + rtol * np.maximum(np.abs(a), np.abs(b))
-    return same | (near & np.isfinite(a) & np.isfinite(b))
-
-
-_QUANTILE = re.compile(r"^p\d+(\.\d+)?$")
+        return lines
 
 
 def compare_records(a: StepRecord, b: StepRecord, rtol: float = 1e-6, atol: float = 0.0, *,
@@ -136,52 +116,26 @@ def compare_records(a: StepRecord, b: StepRecord, rtol: float = 1e-6, atol: floa
 
     >>> diffs, only_a, only_b = compare_records(record_a, record_b, rtol=1e-6)   # doctest: +SKIP
     """
-    # the quantiles read off a histogram are histogram views: compared with the histograms
-    def kept(name: tuple[str, str]) -> bool:
-        return histograms or not _QUANTILE.match(name[1])
+    return _compare(alignment(a, b, histograms), a, b, rtol, atol, tensors, None)
 
-    index_a = {name: i for i, name in enumerate(a.scalar_names) if kept(name)}
-    index_b = {name: i for i, name in enumerate(b.scalar_names) if kept(name)}
-    shared = [name for name in index_a if name in index_b]
-    out: list[Difference] = []
-    if shared:
-        va = a.scalar_values[[index_a[n] for n in shared]]
-        vb = b.scalar_values[[index_b[n] for n in shared]]
-        for k in np.flatnonzero(~_close(va, vb, rtol, atol)).tolist():
-            out.append(Difference(shared[k][0], shared[k][1], float(va[k]), float(vb[k])))
-    only_a = {n for n in index_a if n not in index_b}
-    only_b = {n for n in index_b if n not in index_a}
-    if histograms:
-        ha, hb = a.histogram_dict(), b.histogram_dict()
-        for tensor in ha.keys() & hb.keys():
-            x, y = ha[tensor], hb[tensor]
-            if len(x.edges) != len(y.edges):
-                out.append(Difference(tensor, HISTOGRAM, float(len(x.counts)), float(len(y.counts))))
-                continue
-            bad = np.flatnonzero(~_close(x.edges, y.edges, rtol, atol))
-            if bad.size:
-                i = int(bad[0])
-                out.append(Difference(tensor, "histogram_edges", float(x.edges[i]), float(y.edges[i]), i))
-                continue
-            bad = np.flatnonzero(x.counts != y.counts)
-            if bad.size:
-                i = int(bad[0])
-                out.append(Difference(tensor, HISTOGRAM, float(x.counts[i]), float(y.counts[i]), i))
-        only_a |= {(t, HISTOGRAM) for t in ha.keys() - hb.keys()}
-        only_b |= {(t, HISTOGRAM) for t in hb.keys() - ha.keys()}
-    if tensors:
+
+def _compare(aligned: Alignment, a: StepRecord, b: StepRecord, rtol: float, atol: float, tensors: bool,
+             reported: Reported | None) -> tuple[list[Difference], set[tuple[str, str]], set[tuple[str, str]]]:
+    out = aligned.differences(a, b, rtol, atol, reported)
+    only_a, only_b = aligned.only_a, aligned.only_b
+    if tensors and (a.tensors or b.tensors):  # raw tensors are few (save_raw_tensor): one by one
         ta, tb = {t.tensor: t.value for t in a.tensors}, {t.tensor: t.value for t in b.tensors}
         for tensor in ta.keys() & tb.keys():
             x, y = np.asarray(ta[tensor], dtype=np.float64), np.asarray(tb[tensor], dtype=np.float64)
             if x.shape != y.shape:
                 out.append(Difference(tensor, VALUE, float(x.size), float(y.size)))
                 continue
-            bad = np.flatnonzero(~_close(x.ravel(), y.ravel(), rtol, atol))
+            bad = np.flatnonzero(~close(x.ravel(), y.ravel(), rtol, atol))
             if bad.size:
                 i = int(bad[0])
                 out.append(Difference(tensor, VALUE, float(x.ravel()[i]), float(y.ravel()[i]), i))
-        only_a |= {(t, VALUE) for t in ta.keys() - tb.keys()}
-        only_b |= {(t, VALUE) for t in tb.keys() - ta.keys()}
+        only_a = only_a | {(t, VALUE) for t in ta.keys() - tb.keys()}
+        only_b = only_b | {(t, VALUE) for t in tb.keys() - ta.keys()}
     return out, only_a, only_b
 
 
@@ -192,12 +146,17 @@ def _records_by_key(run: Run, mode: ModeKeys) -> Iterator[tuple[tuple[int, str],
 
 
 def compare_runs(a: str | Run, b: str | Run, rtol: float = 1e-6, atol: float = 0.0, *,
-                 histograms: bool = True, tensors: bool = True) -> Comparison:
+                 histograms: bool = True, tensors: bool = True,
+                 on_record: Callable[[StepRecord], object] | None = None) -> Comparison:
     """Compare two stored runs step by step; see the module docstring.
 
     ``rtol``/``atol``: two values agree when ``|a - b| <= atol + rtol * max(|a|, |b|)``; NaN
     agrees with NaN. Histogram counts must agree exactly; their edges and raw tensors within
-    tolerance.
+    tolerance. ``on_record`` is called with each record read, of either run (a progress bar).
+
+    The runs are read one record at a time, never whole; each pair of records is compared with
+    numpy over its whole arrays (:mod:`tensorlens.rules.alignment`), so the time grows with the
+    data read and not with Python work per tensor.
 
     >>> tl.compare_runs("runs/seed0", "runs/seed0-again").equal          # doctest: +SKIP
     True
@@ -213,27 +172,43 @@ def compare_runs(a: str | Run, b: str | Run, rtol: float = 1e-6, atol: float = 0
         first: dict[tuple[str, str, ModeKeys, str], Divergence] = {}
         one_sided_a: set[tuple[str, str]] = set()
         one_sided_b: set[tuple[str, str]] = set()
+        held: list[Alignment] = []
+        reported: dict[tuple[ModeKeys, str, int], Reported] = {}
+        advance = on_record or (lambda record: None)
         for mode in sorted(set(run_a.modes()) | set(run_b.modes()), key=list(ModeKeys).index):
             left, right = _records_by_key(run_a, mode), _records_by_key(run_b, mode)
             x, y = next(left, None), next(right, None)
             while x is not None or y is not None:
                 if y is None or (x is not None and x[0] < y[0]):
                     result.steps_only_in_a.append(StepKey(mode, x[0][0], x[0][1], x[1].step))
+                    advance(x[1])
                     x = next(left, None)
                     continue
                 if x is None or y[0] < x[0]:
                     result.steps_only_in_b.append(StepKey(mode, y[0][0], y[0][1], y[1].step))
+                    advance(y[1])
                     y = next(right, None)
                     continue
                 ra, rb = x[1], y[1]
                 result.steps_compared += 1
-                diffs, only_a, only_b = compare_records(ra, rb, rtol, atol, histograms=histograms, tensors=tensors)
+                aligned = alignment(ra, rb, histograms)
+                key = (mode, ra.worker, id(aligned))
+                seen = reported.get(key)
+                if seen is None:  # new layouts: their one-sided names, once
+                    seen = reported[key] = Reported(aligned)
+                    one_sided_a |= aligned.only_a
+                    one_sided_b |= aligned.only_b
+                    held.append(aligned)  # its id stays its own while the comparison runs
+                diffs, only_a, only_b = _compare(aligned, ra, rb, rtol, atol, tensors, seen)
+                if ra.tensors or rb.tensors:
+                    one_sided_a |= only_a
+                    one_sided_b |= only_b
                 for d in diffs:
-                    key = (d.tensor, d.stat, mode, ra.worker)
-                    if key not in first:
-                        first[key] = Divergence(d.tensor, d.stat, ra.step, mode, ra.mode_step, ra.worker, d.a, d.b, d.index)
-                one_sided_a |= only_a
-                one_sided_b |= only_b
+                    first.setdefault((d.tensor, d.stat, mode, ra.worker),
+                                     Divergence(d.tensor, d.stat, ra.step, mode, ra.mode_step, ra.worker, d.a, d.b, d.index))
+                advance(ra)
+                advance(rb)
+                del x, y, ra, rb  # one pair of records at a time
                 x, y = next(left, None), next(right, None)
         result.divergences = sorted(first.values(), key=lambda d: (d.step, list(ModeKeys).index(d.mode), d.mode_step, d.tensor, d.stat))
         names_a, names_b = set(run_a.tensor_names()), set(run_b.tensor_names())
@@ -252,5 +227,6 @@ def compare_runs(a: str | Run, b: str | Run, rtol: float = 1e-6, atol: float = 0
 def compare_command(a: str, b: str, rtol: float = 1e-6, atol: float = 0.0, echo: Callable[[str], object] = print) -> int:
     """``tensorlens compare A B``: print the comparison; exit code 0 when equal, 1 otherwise."""
     result = compare_runs(a, b, rtol=rtol, atol=atol)
-    echo(result.summary())
+    for line in result.summary_lines():
+        echo(line)
     return 0 if result.equal else 1

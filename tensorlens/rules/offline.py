@@ -38,11 +38,13 @@ def _by_step(records: Iterator[StepRecord]) -> Iterator[list[StepRecord]]:
         yield sorted(group, key=lambda r: (r.wall_time, list(ModeKeys).index(r.mode), r.mode_step))
 
 
-def _follow(run: Run, end_step: int | None, wait: bool, timeout: float | None, poll: float) -> Iterator[StepRecord]:
-    """Every record with ``step < end_step``; with ``wait``, new ones as training writes them,
-    until the run has ended (or ``end_step`` is reached, or ``timeout`` seconds pass)."""
+def _follow(run: Run, start_step: int, end_step: int | None, wait: bool, timeout: float | None,
+            poll: float) -> Iterator[StepRecord]:
+    """Every record with ``start_step <= step < end_step``; with ``wait``, new ones as training
+    writes them, until the run has ended (or ``end_step`` is reached, or ``timeout`` seconds pass).
+    One record at a time: a run of any length is never held in memory."""
     seen: set[tuple[str, int, str]] = set()
-    last_step = 0
+    last_step = start_step
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         ended = run.ended  # read before the records: whatever was written before the end is read below
@@ -69,19 +71,23 @@ def _follow(run: Run, end_step: int | None, wait: bool, timeout: float | None, p
 
 def invoke(run: Run | str, rule: Rule | Sequence[Rule], start_step: int = 0, end_step: int | None = None,
            raise_eval_cond: bool = False, *, wait: bool = False, timeout: float | None = None,
-           poll: float = 0.5) -> list[Finding]:
-    """Run ``rule`` (or several) over the stored records of ``run`` and return the findings at
-    global steps ``start_step <= step < end_step``.
+           poll: float = 0.5, on_record: Callable[[StepRecord], object] | None = None) -> list[Finding]:
+    """Run ``rule`` (or several) over the stored records of ``run`` at global steps
+    ``start_step <= step < end_step`` and return the findings.
 
-    As SageMaker's ``invoke_rule``: ``end_step`` is exclusive, ``None`` reads to the end;
-    ``raise_eval_cond=True`` raises :class:`RuleEvaluationConditionMet` at the first finding,
-    else findings are collected and logged. A rule sees the run's earlier records too (SageMaker
-    rules can read them through the trial), so a rule that looks back (UnchangedTensor,
-    LossNotDecreasing) works from ``start_step`` on. Each rule is :meth:`~Rule.reset` first, and
-    its action is not taken: offline there is no training to warn, stop or raise into.
+    As SageMaker's ``invoke_rule``: the rule is invoked at those steps only, ``end_step`` is
+    exclusive, ``None`` reads to the end; ``raise_eval_cond=True`` raises
+    :class:`RuleEvaluationConditionMet` at the first finding, else findings are collected and
+    logged. Records before ``start_step`` are not read: a rule that looks back over its last
+    ``n`` steps (UnchangedTensor, LossNotDecreasing) fills its window from ``start_step`` on
+    (a SageMaker rule could query its trial for earlier steps; a tensorlens rule learns only from
+    the records it is handed, so start earlier to give it that history). Each rule is
+    :meth:`~Rule.reset` first, and its action is not taken: offline there is no training to warn,
+    stop or raise into.
 
     ``wait=True`` follows a run that is still being written until it ends (``Run.ended``), like
     SageMaker rules on a live trial; ``timeout`` bounds the wait (a crashed run never ends).
+    ``on_record`` is called after each record is checked (the CLI's progress bar).
     """
     rules = [rule] if isinstance(rule, Rule) else list(rule) if isinstance(rule, Sequence) else None
     if not rules or not all(isinstance(r, Rule) for r in rules):
@@ -96,8 +102,6 @@ def invoke(run: Run | str, rule: Rule | Sequence[Rule], start_step: int = 0, end
 
     def report(r: Rule, findings: list[Finding]) -> None:
         for finding in findings:
-            if finding.step < start_step:
-                continue
             if raise_eval_cond:
                 raise RuleEvaluationConditionMet(r.name, finding.step, finding)
             logger.debug("%s", finding)
@@ -106,9 +110,11 @@ def invoke(run: Run | str, rule: Rule | Sequence[Rule], start_step: int = 0, end
     try:
         for r in rules:
             r.reset()
-        for record in _follow(store, end_step, wait, timeout, poll):
+        for record in _follow(store, start_step, end_step, wait, timeout, poll):
             for r in rules:
                 report(r, r.evaluate(record))
+            if on_record is not None:
+                on_record(record)
         for r in rules:
             report(r, r._findings(None, r.finish()))
     finally:
@@ -134,21 +140,32 @@ def parse_rule_spec(spec: str) -> Rule:
     return create_rule(name.strip(), **params)
 
 
-def rules_command(path: str, rule_specs: Sequence[str] = (), start_step: int = 0, end_step: int | None = None,
-                  echo: Callable[[str], object] = print) -> int:
+def rules_command(path: str | Run, rule_specs: Sequence[str] = (), start_step: int = 0, end_step: int | None = None,
+                  echo: Callable[[str], object] = print, on_record: Callable[[StepRecord], object] | None = None) -> int:
     """``tensorlens rules RUN [--rule SPEC ...]``: run rules over a stored run and print the
-    findings. Without ``--rule``: the rules that need nothing beyond the default statistics
+    findings, one line at a time through ``echo`` (the CLI's escapes names read from the store).
+    Without ``--rule``: the rules that need nothing beyond the default statistics
     (:data:`~tensorlens.rules.builtin.DEFAULT_RULES`). Returns the exit code: 0 when no rule
     fired, 1 when one did.
     """
-    rules = [parse_rule_spec(spec) for spec in rule_specs] if rule_specs else [BUILTIN_RULES[n]() for n in DEFAULT_RULES]
-    findings = invoke(path, rules, start_step=start_step, end_step=end_step)
+    rules = command_rules(rule_specs)
+    return print_findings(rules, invoke(path, rules, start_step=start_step, end_step=end_step, on_record=on_record), echo)
+
+
+def command_rules(rule_specs: Sequence[str] = ()) -> list[Rule]:
+    """The rules of ``--rule`` specs, or the default rules when there are none."""
+    return [parse_rule_spec(spec) for spec in rule_specs] if rule_specs else [BUILTIN_RULES[n]() for n in DEFAULT_RULES]
+
+
+def print_findings(rules: Sequence[Rule], findings: Sequence[Finding], echo: Callable[[str], object] = print) -> int:
+    """Per rule: how many findings from which step, and the first finding of each tensor.
+    Returns 1 when a rule fired, else 0."""
     for rule in rules:
         mine = [f for f in findings if f.rule == rule.name]
         if not mine:
             echo(f"{rule.name}: no finding")
             continue
-        tensors = sorted({f.tensor for f in mine if f.tensor})
+        tensors = {f.tensor for f in mine if f.tensor}
         echo(f"{rule.name}: {len(mine)} finding(s) from step {mine[0].step}" + (f" on {len(tensors)} tensor(s)" if tensors else ""))
         shown: set[str | None] = set()
         for finding in mine:  # the first finding of each tensor

@@ -24,7 +24,7 @@ import os
 import re
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -226,6 +226,19 @@ class Trial:
             return StepState.UNAVAILABLE
         return StepState.NOT_YET_AVAILABLE
 
+    def _missing_step(self, step: int, mode: ModeKeys | str | None) -> NoReturn:
+        """Raise what SageMaker raises for a step with no record: :class:`StepNotYetAvailable`
+        while training may still write it, :class:`NoMoreData` past the last step of a run that
+        has ended, else :class:`StepUnavailable` (a later step exists: this one was not saved)."""
+        state = self.has_passed_step(step, mode)
+        if state == StepState.NOT_YET_AVAILABLE:
+            raise StepNotYetAvailable(step, mode)
+        saved = self.steps(mode)
+        last = saved[-1] if saved else -1
+        if self.ended and step > last:
+            raise NoMoreData(step, mode, last)
+        raise StepUnavailable(step, mode)
+
     def wait_for_steps(self, required_steps: Iterable[int], mode: ModeKeys | str | None = _GLOBAL,
                        timeout: float | None = None, poll: float = 0.1) -> None:
         """Return once every step of ``required_steps`` is available.
@@ -241,11 +254,7 @@ class Trial:
                 if state == StepState.AVAILABLE:
                     break
                 if state == StepState.UNAVAILABLE:
-                    saved = self.steps(mode)
-                    last = saved[-1] if saved else -1
-                    if self.ended and step > last:
-                        raise NoMoreData(step, mode, last)
-                    raise StepUnavailable(step, mode)
+                    self._missing_step(step, mode)
                 if deadline is not None and time.monotonic() >= deadline:
                     raise StepNotYetAvailable(step, mode)
                 time.sleep(poll)
@@ -279,9 +288,9 @@ class TrialTensor:
     def _record(self, step: int, mode: ModeKeys | str | None, worker: str | None) -> StepRecord:
         records = self.trial._records(step, mode, worker)
         if not records:
-            if self.trial.has_passed_step(step, mode) == StepState.NOT_YET_AVAILABLE:
-                raise StepNotYetAvailable(step, mode)
-            raise TensorUnavailableForStep(self.name, step, mode)
+            if worker is not None and self.trial.has_passed_step(step, mode) == StepState.AVAILABLE:
+                raise TensorUnavailableForStep(self.name, step, mode)  # saved, by other workers
+            self.trial._missing_step(step, mode)
         for record in records:
             if self.name in record.tensor_names():
                 return record

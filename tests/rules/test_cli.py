@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 from scenarios import Training, mlp, regression_data
@@ -35,8 +36,6 @@ def test_rules(runs: tuple[str, str]) -> None:
     spec = "UnchangedTensor:collection_names=weights;num_steps=3"
     result = runner.invoke(rules_cli.command, [runs[0], "--rule", spec, "--check"])
     assert result.exit_code == 1 and "UnchangedTensor: 2 finding(s) from step 2 on 1 tensor(s)" in result.output
-    result = runner.invoke(rules_cli.command, [runs[0], "--rule", spec, "--start-step", "3"])
-    assert result.exit_code == 0 and "1 finding(s) from step 3" in result.output
     listed = runner.invoke(rules_cli.command, [runs[0], "--list"]).output.split()
     assert "VanishingGradient" in listed and "(default)" in listed and "StalledTrainingRule" in listed
 
@@ -50,3 +49,71 @@ def test_compare(runs: tuple[str, str]) -> None:
     # the first layer is frozen: the second layer's statistics part first, at step 1 (step 0 reads the same weights)
     assert re.search(r"^  biases/2\.bias/\w+: step 1: a=\S+ b=\S+$", differ.output, re.M), differ.output
     assert "weights/0.weight" not in differ.output
+
+
+def _main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """The installed entry point's path: errors become one ``Error:`` line and an exit code."""
+    from tensorlens.cli.group import run
+
+    code = run(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_rules_start_step_is_the_first_step_checked(runs: tuple[str, str]) -> None:
+    # UnchangedTensor over 3 saved steps from step 1: steps 1, 2, 3 fill its window -> one finding, at 3
+    spec = "UnchangedTensor:collection_names=weights;num_steps=3"
+    result = click_testing.CliRunner().invoke(rules_cli.command, [runs[0], "--rule", spec, "--start-step", "1"])
+    assert result.exit_code == 0 and "UnchangedTensor: 1 finding(s) from step 3" in result.output, result.output
+    result = click_testing.CliRunner().invoke(rules_cli.command, [runs[0], "--start-step", "3", "--end-step", "2"])
+    assert result.exit_code == 2 and "before --start-step 3" in result.output
+
+
+def test_rules_unknown_parameter_is_one_error_line(runs: tuple[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _main(["rules", runs[0], "--rule", "DeadRelu:threshold_layr=50"], capsys)
+    assert code == 1 and out == "" and "Traceback" not in err
+    assert err.splitlines() == [
+        "Error: Rule DeadRelu has no parameter 'threshold_layr' (did you mean 'threshold_layer'?); "
+        "its parameters are: tensor_regex, threshold_inactivity, threshold_layer, action, name"]
+
+
+def test_rules_list_needs_no_run(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _main(["rules", "--list"], capsys)
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert "DeadRelu  parameters: tensor_regex, threshold_inactivity, threshold_layer, action, name" in lines
+    assert any(line.startswith("VanishingGradient (default)  parameters: threshold") for line in lines)
+    code, out, err = _main(["rules"], capsys)
+    assert code == 2 and "Missing argument 'RUN'" in err
+
+
+#: A tensor name that would clear the screen, write the clipboard (OSC 52) and start a new line.
+EVIL = "gradients/\x1b[2J\x1b]52;c;ZXZpbA==\x07fc\nFAKE\u202e.weight"
+ESCAPED = "gradients/\\x1b[2J\\x1b]52;c;ZXZpbA==\\x07fc\\x0aFAKE\\u202e.weight"
+
+
+def _evil_run(path: str, nan: float, extra: bool = False) -> str:
+    import numpy as np
+
+    import tensorlens as tl
+    from tensorlens.store.writer import RunStoreWriter
+
+    names = [(EVIL, "l2"), (EVIL, "nan_count"), (EVIL, "numel")] + ([("weights/\x1b[31mred", "l2")] if extra else [])
+    writer = RunStoreWriter(f"{path}/tensorlens.sqlite")
+    for step in range(2):
+        values = np.array([1.0 + step, nan, 4.0] + ([1.0] if extra else []))
+        writer.write(tl.StepRecord.from_arrays(step, "train", step, "worker_0", 1e9 + step, scalar_names=tuple(names),
+                                               scalar_values=values))
+    writer.close()
+    return path
+
+
+def test_names_from_the_store_reach_the_terminal_escaped(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    a = _evil_run(str(tmp_path / "a"), nan=1.0, extra=True)
+    b = _evil_run(str(tmp_path / "b"), nan=0.0)
+    code, out, _ = _main(["rules", a, "--rule", "NonFiniteGradient"], capsys)
+    assert code == 0 and ESCAPED in out and "\x1b" not in out and "\x07" not in out and "\u202e" not in out
+    assert len(out.splitlines()) == 2  # the rule's line and its finding's: the name's newline is escaped
+    code, out, _ = _main(["compare", a, b], capsys)
+    assert code == 0 and f"{ESCAPED}/nan_count: step 0" in out and "weights/\\x1b[31mred" in out
+    assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out and "\nFAKE" not in out

@@ -34,18 +34,36 @@ def test_steps_are_start_inclusive_end_exclusive(frozen_run: str) -> None:
     everything = R.invoke(frozen_run, unchanged())
     assert sorted({f.step for f in everything}) == [2, 3, 4, 5]  # three saved steps are needed first
     assert {f.tensor for f in everything} == {"weights/0.weight"}
-    assert [f.step for f in R.invoke(frozen_run, unchanged(), start_step=3, end_step=5)] == [3, 4]
+    # the window of three saved steps fills from start_step on: steps 1, 2, 3 -> a finding at 3
+    assert [f.step for f in R.invoke(frozen_run, unchanged(), start_step=1, end_step=5)] == [3, 4]
     assert R.invoke(frozen_run, unchanged(), start_step=0, end_step=2) == []
 
 
-def test_earlier_steps_are_history_as_a_trial_would_give_them(frozen_run: str) -> None:
-    # SageMaker's test_unchanged: invoked at step 2 alone, the rule still sees steps 0 and 1
-    assert [f.step for f in R.invoke(frozen_run, unchanged(), start_step=2, end_step=3)] == [2]
+class Seen(R.Rule):
+    """Records the global steps it is invoked at, and fires at each."""
+
+    def reset(self) -> None:
+        self.steps: list[int] = []
+
+    def invoke_at_step(self, record: tl.StepRecord) -> bool:
+        self.steps.append(record.step)
+        return True
+
+
+def test_the_rule_is_invoked_only_at_steps_in_range(frozen_run: str) -> None:
+    # SageMaker's invoke_rule: rule.invoke(step) for step in range(start_step, end_step)
+    rule = Seen()
+    found = R.invoke(frozen_run, rule, start_step=2, end_step=5)
+    assert rule.steps == [2, 3, 4] and [f.step for f in found] == [2, 3, 4]
+    R.invoke_rule(rule, 4, None, run=frozen_run)
+    assert rule.steps == [4, 5]
+    R.invoke(frozen_run, rule, start_step=6)  # past the last saved step: nothing to check
+    assert rule.steps == []
 
 
 def test_raise_eval_cond(frozen_run: str) -> None:
     with pytest.raises(R.RuleEvaluationConditionMet) as raised:
-        R.invoke(frozen_run, unchanged(), start_step=3, raise_eval_cond=True)
+        R.invoke(frozen_run, unchanged(), start_step=1, raise_eval_cond=True)
     assert raised.value.step == 3 and raised.value.rule_name == "UnchangedTensor"
     assert raised.value.finding.tensor == "weights/0.weight"
     R.invoke(frozen_run, unchanged(), end_step=2, raise_eval_cond=True)  # nothing to raise
@@ -130,3 +148,18 @@ def test_rule_specs_take_sagemaker_string_parameters() -> None:
         R.offline.parse_rule_spec("UnchangedTensor:collection_names=weights;num_steps=many")
     with pytest.raises(ValueError, match="key=value"):
         R.offline.parse_rule_spec("UnchangedTensor:weights")
+
+
+def test_an_unknown_rule_parameter_names_the_rule_and_its_parameters() -> None:
+    with pytest.raises(ValueError) as raised:
+        R.offline.parse_rule_spec("DeadRelu:threshold_layr=50")
+    message = str(raised.value)
+    assert "DeadRelu" in message and "'threshold_layr'" in message and "did you mean 'threshold_layer'" in message
+    assert "threshold_inactivity, threshold_layer, action, name" in message
+    with pytest.raises(ValueError, match="Rule VanishingGradient has no parameter 'a', 'b'; its parameters are: threshold, "):
+        R.create_rule("VanishingGradient", a=1, b=2)
+    # parameters of the base class, reached through **kwargs, are accepted
+    assert R.create_rule("DeadRelu", threshold_layer="50", action="raise", name="dead").name == "dead"
+    assert R.offline.parse_rule_spec("DeadRelu:name=dead").name == "dead"
+    with pytest.raises(ValueError, match="did you mean 'DeadRelu'"):
+        R.create_rule("DeadRelus")

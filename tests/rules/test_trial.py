@@ -88,6 +88,8 @@ def test_live_trial(tmp_path: Any) -> None:
     assert trial.has_passed_step(1) == StepState.UNAVAILABLE  # a later step exists: 1 was skipped
     with pytest.raises(R.StepUnavailable):
         trial.wait_for_steps([1], timeout=30)
+    with pytest.raises(R.StepUnavailable):  # as smdebug's Tensor.value: the step, not the tensor, is missing
+        grad.value(1)
 
     writer.advance(2)  # steps 3 and 4, and an evaluation
     writer.finish()  # the hook closes: the run has ended
@@ -160,3 +162,18 @@ def test_range_steps(trial: R.Trial) -> None:
     ranged = R.create_trial(trial.path, name="later", range_steps=(2, None))
     assert ranged.name == "later" and ranged.steps() == [2, 4, 5]
     assert R.create_trial(trial.path, range_steps=(None, 3)).steps() == [0, 2]
+
+
+def test_a_step_not_saved_is_unavailable_for_every_tensor_api(trial: R.Trial) -> None:
+    """Steps 1 and 3 were skipped (save_interval=2) while later ones exist: every per-step call
+    of the tensor API raises StepUnavailable, as smdebug's does; past the end of the ended run,
+    NoMoreData; a step saved without this tensor, TensorUnavailableForStep."""
+    weight = trial.tensor("weights/0.weight")
+    for call in (lambda: weight.value(3), lambda: weight.reduction_value(3, "l2"), lambda: weight.reduction_values(1),
+                 lambda: weight.shape(1), lambda: weight.value(1, mode="train")):
+        with pytest.raises(R.StepUnavailable):
+            call()
+    with pytest.raises(R.NoMoreData):
+        weight.value(9)
+    with pytest.raises(R.TensorUnavailableForStep):
+        weight.value(5)  # the evaluation at global step 5 saved only the loss
