@@ -11,7 +11,6 @@ as data.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import struct
@@ -23,6 +22,7 @@ import numpy as np
 from tensorlens.findings import Finding
 from tensorlens.modes import ModeKeys
 from tensorlens.records import StepRecord, TensorEntry
+from tensorlens.store import jsontext
 from tensorlens.store.files import StepRow, StoreFile
 from tensorlens.store.schema import METADATA_KEY, histogram_info, store_files
 from tensorlens.store.validate import (
@@ -114,7 +114,27 @@ class Run:
 
     @property
     def meta(self) -> dict[str, str]:
+        """The ``meta`` entries of the run's files, as stored texts. Those holding JSON
+        (``metadata``, ``config``, ``modules``) are read checked with :meth:`meta_json`."""
         return {key: value for f in self._files for key, value in f.checked("meta")}
+
+    def meta_json(self, key: str, default: Any = None) -> Any:
+        """The value of the JSON ``meta`` entry ``key`` (one of ``metadata``, ``config``,
+        ``modules``) of the first file that holds it (the primary one first); ``default`` when
+        none does. Read as untrusted (:mod:`tensorlens.store.jsontext`): nesting deeper than any
+        writer nests, and ``NaN``/``Infinity`` in ``modules``, raise :class:`CorruptRunError`
+        naming the file and the entry; in ``metadata`` and ``config`` (a user's values) non-finite
+        numbers read as the texts ``"NaN"``, ``"Infinity"``, ``"-Infinity"``, as the writer stores them.
+
+        >>> run.meta_json("modules")[0]["name"]   # doctest: +SKIP
+        ''
+        """
+        if key not in jsontext.JSON_META_KEYS:
+            raise KeyError(f"{key!r} is not a JSON entry of a run's meta (those are {sorted(jsontext.JSON_META_KEYS)})")
+        for f in self._files:
+            for _, value in f.checked("meta", "WHERE key = ?", (key,)):
+                return jsontext.load_meta(f.path, key, value)
+        return default
 
     @property
     def ended(self) -> bool:
@@ -149,7 +169,10 @@ class Run:
         """
         for f in self._files:
             for _, value in f.checked("meta", "WHERE key = ?", (METADATA_KEY,)):
-                return json.loads(value)
+                found = jsontext.load_meta(f.path, METADATA_KEY, value)
+                if not isinstance(found, dict):
+                    raise CorruptRunError(f.path, f"its metadata is {type(found).__name__}, not a JSON object", "meta", f"key {METADATA_KEY!r}")
+                return found
         return {}
 
     def workers(self) -> list[str]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import json
 import math
 import sqlite3
 import stat
@@ -35,6 +34,7 @@ import numpy as np
 
 from tensorlens.modes import ModeKeys
 from tensorlens.records import HISTOGRAM_INFO, HISTOGRAM_INTEGER_INFO
+from tensorlens.store import jsontext
 from tensorlens.store.errors import CorruptRunError
 from tensorlens.store.schema import COLUMNS, SCHEMA_VERSION, file_kind, row_checksum, stat_path
 
@@ -180,10 +180,7 @@ class Layout:
     def parse(cls, path: str, layout_id: int, kind: str, names_json: str) -> Layout:
         """A checked layout: JSON of ``[tensor, stat]`` (scalars) or ``[tensor, bins]`` (histograms) pairs."""
         where = f"layout {layout_id}"
-        try:
-            names = json.loads(names_json)
-        except ValueError as err:
-            raise CorruptRunError(path, f"its names are not JSON ({err})", "layouts", where) from None
+        names = jsontext.load(path, names_json, "layouts", where)
         if kind not in ("scalars", "histograms"):
             raise CorruptRunError(path, f"kind {kind!r} is neither 'scalars' nor 'histograms'", "layouts", where)
         second = str if kind == "scalars" else int
@@ -256,21 +253,35 @@ def histogram_arrays(
 
 
 def tensor_array(path: str, data: bytes, where: str) -> np.ndarray:
-    """A raw tensor (``np.save`` format, no pickles): its dtype must be a plain number or bool."""
+    """A raw tensor (``np.save`` format, no pickles): its dtype must be a plain number or bool, and
+    the blob must hold exactly the bytes its header's shape needs, checked before anything is
+    allocated (a header may claim any shape)."""
     try:
-        array = np.load(io.BytesIO(data), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as err:
-        raise CorruptRunError(path, f"the raw tensor does not decode: {err}", "tensors", where) from None
-    if not isinstance(array, np.ndarray) or array.dtype.kind not in "biufc":
+        stream = io.BytesIO(data)
+        version = np.lib.format.read_magic(stream)
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        if read_header is None:
+            raise ValueError(f"format version {version} is not one np.save writes for numbers")
+        shape_, fortran_order, dtype = read_header(stream)
+    except Exception as err:  # numpy parses the header with ast and tokenize: any of their errors
+        raise CorruptRunError(path, f"the raw tensor does not decode: {str(err)[:200]}", "tensors", where) from None
+    if dtype.kind not in "biufc" or dtype.fields is not None or dtype.subdtype is not None:
         raise CorruptRunError(path, "the raw tensor is not an array of numbers", "tensors", where)
-    return array
+    if any(d < 0 for d in shape_):
+        raise CorruptRunError(path, f"the raw tensor's shape {shape_} has a negative size", "tensors", where)
+    count = math.prod(shape_)
+    offset = stream.tell()
+    if len(data) - offset != count * dtype.itemsize:
+        raise CorruptRunError(
+            path, f"the raw tensor's header says {shape_} of {dtype} ({count * dtype.itemsize} bytes), "
+            f"its blob holds {len(data) - offset}", "tensors", where,
+        )
+    array = np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape_, order="F" if fortran_order else "C")
+    return array.copy(order="K")  # writable and its own, as np.load returns it
 
 
 def shape(path: str, tensor: str, text: str) -> tuple[int, ...]:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = None
+    value = jsontext.load(path, text, "shapes", f"tensor {tensor!r}")
     if not isinstance(value, list) or not all(type(d) is int and d >= 0 for d in value):
         raise CorruptRunError(path, f"the shape {text[:80]!r} is not a list of sizes", "shapes", f"tensor {tensor!r}")
     return tuple(value)

@@ -9,6 +9,7 @@ import time
 
 from tensorlens.findings import Finding
 from tensorlens.records import StepRecord
+from tensorlens.store import jsontext
 from tensorlens.store.schema import _SCHEMA, SCHEMA_VERSION, connect, encode_array, insert, with_checksum
 
 
@@ -29,7 +30,7 @@ class RunStoreWriter:
             (layouts,), = self._db.execute("SELECT count(*) FROM layouts").fetchall()
             (shapes,), = self._db.execute("SELECT count(*) FROM shapes").fetchall()
             # how many rows these tables hold: a reader listing names notices a row gone missing
-            rows = {"schema_version": SCHEMA_VERSION, "layout_rows": str(layouts), "shape_rows": str(shapes), **(meta or {})}
+            rows = {"schema_version": SCHEMA_VERSION, "layout_rows": str(layouts), "shape_rows": str(shapes), **_strict(meta or {})}
             self._db.executemany(insert("meta"), [with_checksum(key, value) for key, value in rows.items()])
             self._db.execute("DELETE FROM meta WHERE key = 'ended_at'")  # a resumed run is being written again
             self._db.execute("COMMIT")
@@ -44,6 +45,7 @@ class RunStoreWriter:
 
     def write_meta(self, values: dict[str, str]) -> None:
         """Set keys of the ``meta`` table (one transaction)."""
+        values = _strict(values)
         with self._db:
             self._db.executemany(insert("meta"), [with_checksum(key, value) for key, value in values.items()])
 
@@ -121,3 +123,9 @@ class RunStoreWriter:
                 self._db.execute(insert("meta"), with_checksum("ended_at", repr(time.time())))
         finally:
             self._db.close()
+
+
+def _strict(meta: dict[str, str]) -> dict[str, str]:
+    """The ``meta`` entries that hold JSON as strict JSON (``NaN``/``Infinity`` as text): the
+    reader refuses those tokens where they cannot be data, and browsers' ``JSON.parse`` everywhere."""
+    return {key: jsontext.strict(value) if key in jsontext.JSON_META_KEYS else value for key, value in meta.items()}
