@@ -78,3 +78,54 @@ def test_dynamics_patterns_are_checked_and_warned_about_where_given() -> None:
     assert len(tensorlens_warnings(caught)) == 1
     with pytest.raises(ValueError, match="valid regular expressions"):
         tl.DynamicsConfig(channel_last={"(": True})
+
+
+class Surrogates(nn.Module):
+    """Names that are not valid UTF-8: a lone surrogate in a module name and a ModuleDict key."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_module("layer\udc80", nn.Linear(3, 4))
+        self.heads = nn.ModuleDict({"head\udcff": nn.Linear(4, 2)})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = getattr(self, "layer\udc80")(x)
+        tl.summarize_scalar("probe\udc81", x.mean())
+        return self.heads["head\udcff"](x)
+
+
+def test_a_name_that_is_not_utf8_is_escaped_and_every_reader_works(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    torch.manual_seed(0)
+    model = Surrogates()
+    hook = tl.watch(model, nn.MSELoss(), backends=["local"], out_dir=tmp_path, run_name="run", save_interval=1,
+                    activations=True, dynamics=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            opt.zero_grad()
+            hook_loss = nn.MSELoss()
+            loss = hook_loss(model(torch.randn(5, 3)), torch.randn(5, 2))
+            loss.backward()
+            opt.step()
+        hook.close()
+    assert tensorlens_warnings(caught) == []
+    run = tl.open_run(hook.run_dir)
+    names = run.tensor_names()
+    for name in names:
+        name.encode("utf-8")  # valid UTF-8
+    # the offending code point written as \uXXXX, the rest of the name as it was
+    assert {"weights/layer\\udc80.weight", "gradients/heads.head\\udcff.weight", "activations/layer\\udc80",
+            "summaries/probe\\udc81", "dynamics/layer\\udc80.weight"} <= set(names), names
+    assert run.tensor("weights/layer\\udc80.weight").steps() == [0, 1, 2]
+    json_meta = (tmp_path / "meta.json")
+    json_meta.write_text(str(run.metadata()), encoding="utf-8")  # the metadata's names encode too
+    out = tmp_path / "out.csv"
+    for args in (["export", hook.run_dir, "--format", "csv", "-o", str(out)], ["report", hook.run_dir, "-o", str(tmp_path / "r.html")]):
+        done = subprocess.run([sys.executable, "-m", "tensorlens", *args], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+    assert "layer\\udc80.weight" in out.read_text(encoding="utf-8")
+    (tmp_path / "r.html").read_text(encoding="utf-8")

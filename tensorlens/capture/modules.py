@@ -44,6 +44,7 @@ from torch.utils.hooks import RemovableHandle
 from tensorlens._runtime import compiling, in_backward
 from tensorlens.capture.parameters import append_parameters
 from tensorlens.config import DynamicsConfig
+from tensorlens.names import record_safe
 from tensorlens.patterns import search  # each (pattern, name) matched once: hints are read at every saved step
 from tensorlens.stats.derived import sample_norms
 
@@ -527,7 +528,7 @@ def describe_modules(model: Any, prefix: str = "") -> list[dict[str, Any]]:
         except Exception:  # a user's extra_repr that fails must not stop the recording
             extra = ""
         out.append({
-            "name": full,
+            "name": record_safe(full),  # as the run records it (tensorlens.names)
             "type": type(module).__name__,
             "extra_repr": extra,
             # an uninitialised (lazy) parameter has no shape yet

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from tensorlens.config import HistogramConfig
+from tensorlens.names import record_safe
 from tensorlens.stats import native
 from tensorlens.stats.histogram import sample_stride, strided_sample
 from tensorlens.stats.moments import NATIVE_COLUMNS, as_values, needed_columns
@@ -74,6 +75,10 @@ class DerivedScalars:
 
     names: tuple[tuple[str, str], ...]
     values: torch.Tensor
+
+    def __post_init__(self) -> None:
+        # named after modules and parameters, as jobs are: escaped as every job's name is (tensorlens.names)
+        self.names = tuple((record_safe(tensor), stat) for tensor, stat in self.names)
 
     @staticmethod
     def concat(parts: list[DerivedScalars | None]) -> DerivedScalars | None:

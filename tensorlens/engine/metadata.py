@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from tensorlens.config import ReductionConfig
+from tensorlens.names import record_safe
 
 #: ``git rev-parse`` gets this long; a slow or hung git never holds a run up for longer.
 GIT_TIMEOUT_S = 2.0
@@ -97,7 +98,7 @@ def model_metadata(parameters: Iterable[tuple[str, torch.Tensor]]) -> dict[str, 
         count = int(param.numel())  # a DTensor's numel is the whole parameter's, not this rank's shard
         total += count
         trainable += count if param.requires_grad else 0
-        top = name.split(".", 1)[0]
+        top = record_safe(name.split(".", 1)[0])  # as the run records it (tensorlens.names)
         per_module[top] = per_module.get(top, 0) + count
         dtypes.add(str(param.dtype).removeprefix("torch."))
         devices.add(str(param.device))

@@ -22,6 +22,7 @@ import torch
 
 from tensorlens.engine.assemble import _JobMeta
 from tensorlens.engine.jobs import ReducedPiece, TensorJob
+from tensorlens.names import record_safe
 from tensorlens.stats import native
 from tensorlens.stats.histogram import HistogramLayout, sample_stride
 from tensorlens.stats.moments import NATIVE_COLUMNS, PARTIALS, needed_columns
@@ -246,7 +247,7 @@ def _column_mask(columns: frozenset[str]) -> np.ndarray:
 def _meta(job: TensorJob) -> _JobMeta:
     pieces = job.pieces
     return _JobMeta(
-        job.name,
+        record_safe(job.name),  # the one point every tensor's record name passes: escaped once per plan
         job.stats,
         job.histogram if job.histogram is not None and job.histogram.enabled and not job.plain_scalar else None,
         job.plain_scalar,
