@@ -12,6 +12,13 @@ converts nor merges a value on the way). The copy is a snapshot, so it is marked
 temporary folder without room for it is refused up front. The user's file is opened read-only
 and never changed; the reader removes the copy when the run is closed, collected, or at exit.
 
+A process killed does none of that: a copy is as large as the store. So a copy is named
+``tensorlens-schema3-<pid>-<random>.sqlite`` after the process that made it, and every conversion
+first removes the copies of processes no longer alive (:func:`sweep`; a copy whose PID a new
+process has taken waits for that one to end). A ``SIGTERM`` during the conversion itself removes
+the half-written copy at once, then ends the process as ``SIGTERM`` would have (see
+:func:`_removed_on_sigterm`).
+
 >>> run = tl.open_run("runs/written-by-0.1.0")     # doctest: +SKIP
 """
 
@@ -20,10 +27,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
+import signal
 import sqlite3
+import sys
 import tempfile
+import threading
 from collections import Counter
+from collections.abc import Iterator
+from typing import Any
 
 from tensorlens.store.errors import CorruptRunError
 from tensorlens.store.schema import _SCHEMA, SCHEMA_VERSION, connect, insert, with_checksum
@@ -82,30 +95,42 @@ def converted_copy(path: str) -> str:
     Raises :class:`CorruptRunError` when ``path`` is not a readable schema-3 store, and
     :class:`OSError` (``ENOSPC``) when the temporary folder has no room for the copy.
     """
-    _check_space(path, tempfile.gettempdir())
-    source = connect(path, readonly=True)
-    handle, copy = tempfile.mkstemp(prefix="tensorlens-schema3-", suffix=".sqlite")  # mode 0600
-    os.close(handle)
+    directory = tempfile.gettempdir()
+    sweep(directory)
+    _check_space(path, directory)
+    source = None
+    copy = None
     try:
-        source.execute("PRAGMA cell_size_check = ON")  # SQLite's own extra checks of each page read
-        _check_tables(source, path)
-        target = sqlite3.connect(copy)
-        try:
-            _copy(source, target, os.path.getmtime(path))
-        finally:
-            target.close()
+        with _removed_on_sigterm(directory):
+            handle, copy = tempfile.mkstemp(prefix=f"{COPY_PREFIX}{os.getpid()}-", suffix=".sqlite", dir=directory)  # mode 0600
+            os.close(handle)
+            source = connect(path, readonly=True)
+            source.execute("PRAGMA cell_size_check = ON")  # SQLite's own extra checks of each page read
+            _check_tables(source, path)
+            target = sqlite3.connect(copy)
+            try:
+                _copy(source, target, os.path.getmtime(path))
+            finally:
+                target.close()
     except sqlite3.Error as err:
-        _remove(copy)
+        _discard(copy)
         raise CorruptRunError(path, f"SQLite cannot read it: {err}") from None
     except UnicodeDecodeError as err:
-        _remove(copy)
+        _discard(copy)
         raise CorruptRunError(path, f"a text is not UTF-8 ({err.reason})") from None
     except BaseException:
-        _remove(copy)
+        _discard(copy)
         raise
     finally:
-        source.close()
+        if source is not None:
+            source.close()
+    assert copy is not None
     return copy
+
+
+def _discard(copy: str | None) -> None:
+    if copy is not None:
+        remove_copy(copy)
 
 
 def remove_copy(copy: str) -> None:
@@ -117,6 +142,72 @@ def remove_copy(copy: str) -> None:
 def _remove(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.remove(path)
+
+
+#: How a converted copy's name starts; the owner's PID follows.
+COPY_PREFIX = "tensorlens-schema3-"
+_COPY_NAME = re.compile(rf"{re.escape(COPY_PREFIX)}(\d+)-[^/]*\.sqlite(?:-journal|-wal|-shm)?")
+
+
+def sweep(directory: str, own: bool = False) -> list[str]:
+    """Remove the converted copies in ``directory`` whose process is no longer alive (killed before
+    it could remove them), and with ``own`` this process's too; return their names. Only this
+    user's files are touched; nothing on Windows, where probing a PID would end that process."""
+    if sys.platform == "win32":
+        return []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        found = _COPY_NAME.fullmatch(name)
+        if found is None or not (own and int(found.group(1)) == os.getpid()) and _alive(int(found.group(1))):
+            continue
+        full = os.path.join(directory, name)
+        with contextlib.suppress(OSError):
+            if os.lstat(full).st_uid == os.geteuid():
+                os.remove(full)
+                removed.append(name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):  # another user's process, or not a PID to probe
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def _removed_on_sigterm(directory: str) -> Iterator[None]:
+    """While converting: a ``SIGTERM`` whose action is the default (end the process) first removes
+    this process's copies in ``directory`` (it is ending: none of them will be read again), then
+    ends the process by that default. A handler of the program's own is left in place (whatever
+    it raises, ``SystemExit`` included, removes the copy on its way out); so is an ignored
+    ``SIGTERM``. Only the main thread can set handlers; the previous one is restored."""
+    if not hasattr(signal, "SIGTERM") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def terminate(signum: int, frame: Any) -> None:
+        sweep(directory, own=True)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)  # ended as SIGTERM ends it, status included
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _check_tables(db: sqlite3.Connection, path: str) -> None:
