@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 import sqlite3
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -262,7 +263,7 @@ class StoreFile:
         same snapshot as the rows)."""
         key = f"{table.removesuffix('s')}_rows"
         rows = [value for _, value in self.checked("meta", "WHERE key = ?", (key,))]
-        if not rows or not rows[0].isdigit():
+        if not rows or not re.fullmatch(r"[0-9]{1,18}", rows[0]):  # str.isdigit() admits "²", int() refuses it
             raise CorruptRunError(self.path, f"its {key!r} entry is missing or not a count", "meta")
         if found != int(rows[0]):
             raise CorruptRunError(self.path, f"{found} rows where the store counts {rows[0]}", table)

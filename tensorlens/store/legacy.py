@@ -146,7 +146,7 @@ def _remove(path: str) -> None:
 
 #: How a converted copy's name starts; the owner's PID follows.
 COPY_PREFIX = "tensorlens-schema3-"
-_COPY_NAME = re.compile(rf"{re.escape(COPY_PREFIX)}(\d+)-[^/]*\.sqlite(?:-journal|-wal|-shm)?")
+_COPY_NAME = re.compile(rf"{re.escape(COPY_PREFIX)}([0-9]{{1,10}})-[^/]*\.sqlite(?:-journal|-wal|-shm)?")
 
 
 def sweep(directory: str, own: bool = False) -> list[str]:

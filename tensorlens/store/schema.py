@@ -209,6 +209,8 @@ def stat_path(path: str) -> os.stat_result:
     try:
         return os.stat(path)
     except FileNotFoundError:
+        if os.path.islink(path):  # there, but pointing nowhere: a damaged run, not a missing one
+            raise CorruptRunError(path, f"it is a symbolic link to {os.readlink(path)!r}, which does not exist") from None
         raise FileNotFoundError(f"no tensorlens run at {path!r}") from None
     except OSError as err:  # a symlink loop (ELOOP), a name too long, no permission
         raise CorruptRunError(path, f"it cannot be opened: {err.strerror or err}") from None

@@ -235,3 +235,20 @@ def test_the_depth_scan_counts_only_structure() -> None:
     assert jsontext.depth("[" * 300 + "]" * 300) == 300
     assert jsontext.depth(json.dumps(["[" * 1000, {"a": "{" * 1000}])) <= jsontext.MAX_DEPTH
     assert jsontext.depth(json.dumps([["\\\"[" * 500]])) <= jsontext.MAX_DEPTH  # escaped quotes stay inside strings
+
+
+def test_a_dangling_store_link_is_refused_naming_its_target(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "tensorlens.sqlite").symlink_to(folder / "gone.sqlite")  # inside its folder, but gone
+    with pytest.raises(tl.CorruptRunError, match=r"symbolic link to '.*gone.sqlite', which does not exist"):
+        tl.open_run(str(folder))
+    _refused_by_cli(_cli("show", str(folder)), "gone.sqlite")
+
+
+@pytest.mark.parametrize("count", ["²", "1" * 5000, "-1", " 3"])
+def test_a_row_count_that_is_not_digits_is_refused(run: Path, count: str) -> None:
+    """``"²".isdigit()`` is true and ``int("²")`` a ValueError; 5000 digits are past ``int()``'s limit."""
+    _edit(run, "meta", ("layout_rows", count))
+    with tl.open_run(str(run)) as opened, pytest.raises(tl.CorruptRunError, match="'layout_rows' entry is missing or not a count"):
+        opened.tensor_names()

@@ -128,3 +128,14 @@ def test_the_sigterm_handler_is_there_only_while_converting(old_run: Path) -> No
     thread.start()
     thread.join(timeout=120)
     assert found == [3]
+
+
+def test_names_that_only_look_like_copies_are_left_alone(old_run: Path) -> None:
+    """Anyone can create files in a shared TMPDIR: only names this module makes (an ASCII PID of a
+    dead process) are swept; a PID past any PID is taken for alive; nothing breaks the sweep."""
+    strange = [f"{legacy.COPY_PREFIX}{'9' * 200}-x.sqlite", f"{legacy.COPY_PREFIX}٩٩٩٩٩٩٩-x.sqlite", f"{legacy.COPY_PREFIX}1x.sqlite"]
+    for name in strange:
+        (old_run.parent / "tmp" / name).touch()
+    with tl.open_run(str(old_run)) as run:
+        assert len(run.steps()) == 3
+    assert sorted(strange) == copies(old_run)
