@@ -6,6 +6,7 @@ import click
 
 from tensorlens.cli.output import check_output, write_output
 from tensorlens.cli.progress import progress, record_count
+from tensorlens.cli.statistics import PLAIN, check_statistics, recorded_statistics
 from tensorlens.cli.table import echo
 
 
@@ -29,9 +30,13 @@ def command(runs: tuple[str, ...], output: str, stat: str, histogram_axis: str, 
 
     check_output(output, list(runs))  # before the runs are read: a refusal costs nothing
     total = 0
+    recorded: set[str] = set()
     for path in runs:
         with open_run(check_run_folder(path)) as run:
             total += record_count(run, None, worker) or 0
+            recorded |= recorded_statistics(run)
+    # a heatmap of a statistic no run recorded would be silently left out of the page
+    check_statistics([stat], recorded - {PLAIN}, "these runs" if len(runs) > 1 else "this run")
     with progress(total or None, "reading runs", unit="record") as advance:
         page = build_report(list(runs), ReportOptions(stat=stat, histogram_axis=histogram_axis),
                             LoadOptions(worker=worker), title=title, progress=advance)

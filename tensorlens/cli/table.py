@@ -89,11 +89,12 @@ def shorten(text: str, width: int) -> str:
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], width: int | None = None,
-                 flexible: int = 0, min_flexible: int = 16, keep_flexible: int = 36) -> list[str]:
+                 flexible: int = 0, min_flexible: int = 16, keep_flexible: int = 36,
+                 hint: str = "widen the terminal", keep: int = 0) -> list[str]:
     """Lines of a table no wider than ``width`` (default: :func:`terminal_width`). Column
-    ``flexible`` (names) is shortened to ``keep_flexible`` characters first, then columns are
-    dropped from the right (the last line says which), then names are shortened further down
-    to ``min_flexible``."""
+    ``flexible`` (names) is shortened to ``keep_flexible`` characters first, then columns past
+    the first ``keep`` are dropped from the right (the last line says which, and ``hint`` what
+    to do), then names are shortened further down to ``min_flexible``, then more columns go."""
     width = width if width is not None else terminal_width()
     if width is None:
         width = 1 << 30
@@ -113,9 +114,11 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], width: i
             widths[flexible] = max(floor, len(headers[flexible]), widths[flexible] - (total() - width))
 
     shrink(min(keep_flexible, widths[flexible]) if flexible in columns else 0)
-    while total() > width and len(columns) > 2:
+    while total() > width and len(columns) > max(2, keep):
         dropped.insert(0, headers[columns.pop()])
     shrink(min_flexible)
+    while total() > width and len(columns) > 2:
+        dropped.insert(0, headers[columns.pop()])
     lines = []
     for row in [list(headers), *texts]:
         parts = []
@@ -124,7 +127,6 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], width: i
             parts.append(text.rjust(widths[i]) if numeric[i] else text.ljust(widths[i]))
         lines.append("  ".join(parts).rstrip())
     if dropped:
-        note = (f"({len(dropped)} more column{'s' if len(dropped) > 1 else ''} not shown: {', '.join(dropped)}; "
-                "pick some with --stat, or widen the terminal)")
+        note = f"({len(dropped)} more column{'s' if len(dropped) > 1 else ''} not shown: {', '.join(dropped)}; {hint})"
         lines.extend(textwrap.wrap(note, width=max(width, 20)))
     return lines
