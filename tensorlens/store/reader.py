@@ -423,7 +423,9 @@ def open_run(path: str) -> Run:
     """Open a run folder (or one of its ``tensorlens*.sqlite`` files) for reading.
 
     Raises ``FileNotFoundError`` when there is no run at ``path``, and :class:`CorruptRunError`
-    when what is there is not a readable run store (saying what is wrong and where).
+    when what is there is not a readable run store (saying what is wrong and where). Reading needs
+    no write access; ``PermissionError`` only where steps live in a ``-wal`` log that SQLite cannot
+    read without creating its ``-shm`` index (see :mod:`tensorlens.store.readonly`).
 
     >>> run = open_run(hook.run_dir)            # doctest: +SKIP
     >>> run.tensor_names(collection="gradients")  # doctest: +SKIP
