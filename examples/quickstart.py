@@ -38,7 +38,7 @@ def main(steps: int = 300) -> str:
         counts, edges = grad.histogram(step=step)
         print(
             f"step {step:4d}  loss {run.tensor('losses/crossentropyloss').value(step):.3f}  "
-            f"grad l2 {grad.reduction_value(step, 'l2'):.4f}  grad max|x| {grad.reduction_value(step, 'max'):.4f}  "
+            f"grad l2 {grad.reduction_value(step, 'l2'):.4f}  grad max|x| {grad.reduction_value(step, 'max', abs=True):.4f}  "
             f"relu dead fraction {run.tensor('activations/1').reduction_value(step, 'zero_fraction'):.2f}  "
             f"histogram peak bin [{edges[counts.argmax()]:.4f}, {edges[counts.argmax() + 1]:.4f})"
         )

@@ -38,6 +38,26 @@ def test_quickstart_runs(tmp_path: Path) -> None:
     assert os.listdir(tmp_path / "cwd") == ["tensorlens_runs"]
 
 
+def test_quickstart_prints_the_absolute_max_under_max_abs_x(tmp_path: Path) -> None:
+    import tensorlens as tl
+
+    out = _run(tmp_path, "quickstart.py")
+    run_dir = re.search(r"run folder: (.*)", out).group(1).strip()
+    grad = tl.open_run(os.path.join(tmp_path / "cwd", run_dir)).tensor("gradients/0.weight")
+    printed = {int(step): float(v) for step, v in re.findall(r"step +(\d+) .*grad max\|x\| (\S+)", out)}
+    assert printed and set(printed) == set(grad.steps())
+    for step, value in printed.items():
+        low, high = grad.reduction_value(step, "min"), grad.reduction_value(step, "max")
+        assert value == pytest.approx(max(abs(low), abs(high)), abs=1e-4), step
+    # the signed max would differ where the most negative value is the larger in magnitude
+    assert any(abs(grad.reduction_value(s, "min")) > grad.reduction_value(s, "max") for s in printed)
+
+
+def test_readme_setup_defines_the_readme_names(tmp_path: Path) -> None:
+    out = _run(tmp_path, "readme_setup.py")
+    assert "defined: tl, torch, nn, model, loss_fn, train" in out
+
+
 def test_ddp_example_merges_both_ranks(tmp_path: Path) -> None:
     pytest.importorskip("torch.distributed")
     out = _run(tmp_path, "ddp.py", str(tmp_path / "run"))

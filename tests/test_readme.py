@@ -1,93 +1,78 @@
-"""Every Python block of the README runs, as written, against a small model (the names the blocks
-use, ``model``, ``loss_fn``, ``train``, ``LitModel``, ``loader``, ``hf_model``, ... come from the
-prelude below, built only for the blocks that use them)."""
+"""Every Python block of the README runs as pasted: in an empty namespace, or, when its first line
+says ``# names from examples/X.py: a, b, ...``, after that example file, which must exist and
+define every name listed; and every name the block uses without defining it must be listed (so
+the marker tells a reader the whole truth). Each block runs in a fresh temporary folder, trackers
+offline."""
 
 from __future__ import annotations
 
+import ast
+import builtins
 import os
 import re
+import runpy
 
 import pytest
-import torch
-from torch import nn
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+MARKER = re.compile(r"# names from (examples/[\w/]+\.py): (.+)")
 
 
 def python_blocks() -> list[tuple[int, str]]:
     text = open(README, encoding="utf-8").read()
     out = []
     for match in re.finditer(r"```python\n(.*?)```", text, re.S):
-        out.append((text.count("\n", 0, match.start()) + 1, match.group(1)))
+        out.append((text.count("\n", 0, match.start()) + 2, match.group(1)))
     return out
 
 
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(8, 16)
-        self.relu = nn.ReLU()
-        self.fc2 = nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.relu(self.fc1(x)))
+def marker(code: str) -> tuple[str, list[str]] | None:
+    """The example file and names a block's first line names, or ``None``."""
+    found = MARKER.fullmatch(code.split("\n", 1)[0].strip())
+    if found is None:
+        return None
+    return found.group(1), [name.strip() for name in found.group(2).split(",")]
 
 
-def prelude(code: str, tmp_path) -> dict[str, object]:
-    import tensorlens as tl
-
-    torch.manual_seed(0)
-    model = Net()
-    loss_fn = nn.CrossEntropyLoss()
-
-    def train(model: nn.Module, steps: int = 101) -> None:
-        """The user's loop: SGD on random batches."""
-        model.train()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-        for _ in range(steps):
-            x, y = torch.randn(8, 8), torch.randint(0, 4, (8,))
-            loss = loss_fn(model(x), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-
-    names: dict[str, object] = {"tl": tl, "torch": torch, "nn": nn, "model": model, "loss_fn": loss_fn, "train": train}
-    if "LitModel" in code or "loader" in code:
-        import lightning.pytorch as pl
-
-        class LitModel(pl.LightningModule):
-            def __init__(self) -> None:
-                super().__init__()
-                self.net = Net()
-
-            def training_step(self, batch, batch_idx):
-                x, y = batch
-                return loss_fn(self.net(x), y)
-
-            def configure_optimizers(self):
-                return torch.optim.SGD(self.parameters(), lr=0.05)
-
-        data = torch.utils.data.TensorDataset(torch.randn(32, 8), torch.randint(0, 4, (32,)))
-        names.update(LitModel=LitModel, loader=torch.utils.data.DataLoader(data, batch_size=8))
-    if "hf_model" in code:
-        import transformers
-
-        config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=16)
-        names["hf_model"] = transformers.GPT2LMHeadModel(config)
-        names["training_args"] = transformers.TrainingArguments(
-            output_dir=str(tmp_path / "hf"), max_steps=4, per_device_train_batch_size=2, report_to=[],
-            save_strategy="no", logging_steps=1, use_cpu=True, disable_tqdm=True,
-        )
-        ids = torch.randint(0, 50, (8, 12))
-        names["train_dataset"] = [{"input_ids": row, "labels": row} for row in ids]
-    return names
+def free_names(code: str) -> set[str]:
+    """Names the block reads that it never binds itself (imports, assignments, defs, arguments)."""
+    tree = ast.parse(code)
+    bound: set[str] = set()
+    read: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+    return read - bound - set(dir(builtins))
 
 
-@pytest.mark.parametrize("line, code", python_blocks(), ids=[f"line{line}" for line, _ in python_blocks()])
-def test_readme_block_runs(line: int, code: str, tmp_path, monkeypatch) -> None:
+BLOCKS = python_blocks()
+
+
+@pytest.mark.parametrize("line, code", BLOCKS, ids=[f"line{line}" for line, _ in BLOCKS])
+def test_readme_block_runs_as_pasted(line: int, code: str, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")
-    namespace = prelude(code, tmp_path)
+    names = marker(code)
+    namespace: dict[str, object] = {"__name__": "__readme__"}
+    if names is not None:
+        path, listed = names
+        assert os.path.isfile(os.path.join(ROOT, path)), f"README.md:{line} names {path}, which does not exist"
+        unlisted = free_names(code) - set(listed)
+        assert not unlisted, f"README.md:{line} uses {sorted(unlisted)} without listing them in its first line"
+        if {"LitModel", "loader"} & set(listed):
+            pytest.importorskip("lightning")
+        if {"hf_model", "training_args", "train_dataset"} & set(listed):
+            pytest.importorskip("transformers")
+        namespace = runpy.run_path(os.path.join(ROOT, path), run_name="readme_setup")
+        missing = [name for name in listed if name not in namespace]
+        assert not missing, f"README.md:{line}: {path} does not define {missing}"
     try:
         exec(compile(code, f"README.md:{line}", "exec"), namespace)  # noqa: S102 - the README's own code
     finally:
@@ -95,6 +80,26 @@ def test_readme_block_runs(line: int, code: str, tmp_path, monkeypatch) -> None:
             import mlflow
 
             mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI", ""))
+
+
+def test_every_block_says_where_its_names_come_from() -> None:
+    """A block with no marker must use no name it does not define (it runs in an empty namespace)."""
+    for line, code in BLOCKS:
+        if marker(code) is None:
+            assert not free_names(code), f"README.md:{line} uses {sorted(free_names(code))}: add a '# names from' line"
+
+
+def test_the_marker_is_read_and_checked() -> None:
+    assert marker("# names from examples/readme_setup.py: model, train\nx = 1\n") == ("examples/readme_setup.py", ["model", "train"])
+    assert marker("x = 1\n") is None
+    assert free_names("import torch\nhook = tl.watch(model)\ndef f(a):\n    return a + b\n") == {"tl", "model", "b"}
+
+
+def test_the_readme_links_the_examples() -> None:
+    text = open(README, encoding="utf-8").read()
+    for example in ("quickstart.py", "lightning_wandb.py", "lightning_mlflow.py", "hf_trainer.py", "sync.py", "readme_setup.py"):
+        assert f"(examples/{example})" in text, example
+        assert os.path.isfile(os.path.join(ROOT, "examples", example))
 
 
 def test_the_readme_states_no_placeholder() -> None:
