@@ -49,7 +49,8 @@ def build(folder: str, tensors: int, steps: int, bins: int = 32, histogram_every
     scalar_names = tuple((n, s) for n in names[:-1] for s in STATS) + (("losses/loss", ""),)
     histogram_names = tuple((n, bins) for n in names[:-1:histogram_every])
     rng = np.random.default_rng(0)
-    base = rng.normal(size=(tensors, len(STATS)))
+    base = rng.uniform(0.1, 1.0, size=(tensors, len(STATS)))  # a healthy model: no rule fires
+    base[:, 0] *= -1.0  # min
     base[:, 5] = 1000.0  # numel
     base[:, 6:8] = 0.0  # no NaN or Inf
     counts = rng.integers(0, 100, size=len(histogram_names) * bins)

@@ -64,8 +64,8 @@ class DeadRelu(Rule):
 
     def invoke_at_step(self, record: StepRecord) -> list[Finding]:
         out, raw, usable = [], {t.tensor: t.value for t in record.tensors}, False
-        for tensor, stats in tensor_stats(record).items():
-            if not self._selection.matches(tensor) or "" in stats:
+        for tensor, stats in tensor_stats(record, self._selection).items():
+            if "" in stats:
                 continue
             found = self._dead_share(stats, raw.get(tensor))
             if found is None:
@@ -124,9 +124,8 @@ class SaturatedActivation(Rule):
 
     def invoke_at_step(self, record: StepRecord) -> list[Finding]:
         out, raw, usable = [], {t.tensor: t.value for t in record.tensors}, False
-        histograms = record.histogram_dict()
-        for tensor, stats in tensor_stats(record).items():
-            if not self._selection.matches(tensor) or "" in stats:
+        for tensor, stats in tensor_stats(record, self._selection).items():
+            if "" in stats:
                 continue
             function = self._function(tensor)
             if function is None:
@@ -140,7 +139,7 @@ class SaturatedActivation(Rule):
                 activity = _unit_activity(values, (values > low) & (values < high))
                 share, source = float(np.mean(activity * 100.0 < self.threshold_inactivity)), "raw values"
             else:
-                saturated = bounds.fraction_outside(stats, low, high, histograms.get(tensor))
+                saturated = bounds.fraction_outside(stats, low, high, record.histogram(tensor))
                 share = bounds.units_below_activity(saturated, self.threshold_inactivity)
                 source = f"at least {saturated:.4g} of values outside ({low:g}, {high:g})"
             if share * 100.0 > self.threshold_layer:
@@ -199,10 +198,9 @@ class PoorWeightInitialization(Rule):
             return []
         stats = tensor_stats(record)
         out = [f for f in [self._variance_check(record, stats)] if f is not None]
-        histograms = record.histogram_dict()
         for tensor, values in stats.items():
             if kind_of(tensor) == "gradients" and values.get("numel", 0) > 1:
-                spread = bounds.percentile_spread_upper(values, histograms.get(tensor))
+                spread = bounds.percentile_spread_upper(values, record.histogram(tensor))
                 if spread is not None and spread < self.distribution_range:
                     out.append(self.finding(record, tensor, f"5th-95th percentile spread of the gradient <= {spread:.3g} "
                                                             f"< distribution_range {self.distribution_range:g}", spread))

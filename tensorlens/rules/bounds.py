@@ -11,7 +11,7 @@ a guess. Each is a pure function, tested against numpy on the raw values.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -38,6 +38,35 @@ def abs_mean(stats: Mapping[str, float]) -> tuple[float, bool] | None:
         if name in stats:
             return stats[name] / math.sqrt(numel), False
     return None
+
+
+#: What :func:`abs_mean` reads, in its order: the statistic, how it becomes the mean of ``|x|``
+#: (as it is, over ``numel``, over ``sqrt(numel)``), and whether that is exact.
+_ABS_MEAN_SOURCES = (("abs_mean", None, True), ("l1", "numel", True), ("abs_l1", "numel", True),
+                     ("abs_sum", "numel", True), ("l2", "sqrt", False), ("abs_l2", "sqrt", False))
+
+
+def abs_means(stat: Callable[[str], tuple[np.ndarray, np.ndarray]], numel: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`abs_mean` of many tensors at once: ``stat(name)`` gives ``(values, present)`` of a
+    statistic over the tensors, ``numel`` their sizes (0 where not recorded). Returns ``(mean of
+    |x|, exact, known)``; where ``known`` is False :func:`abs_mean` answers ``None``.
+
+    >>> get = {"l2": (np.array([2.0, 1.0]), np.array([True, False]))}.get
+    >>> abs_means(lambda n: get(n, (np.zeros(2), np.zeros(2, bool))), np.array([4.0, 4.0]))
+    (array([ 1., nan]), array([False, False]), array([ True, False]))
+    """
+    value = np.full(len(numel), np.nan)
+    exact = np.zeros(len(numel), dtype=bool)
+    known = np.zeros(len(numel), dtype=bool)
+    sized = numel != 0  # as abs_mean's `not numel`: a NaN size goes on, to a NaN mean
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for name, scale, is_exact in _ABS_MEAN_SOURCES:
+            values, present = stat(name)
+            new = present & ~known & (sized if scale else True)
+            value[new] = (values if scale is None else values / numel if scale == "numel" else values / np.sqrt(numel))[new]
+            exact[new] = is_exact
+            known |= new
+    return value, exact, known
 
 
 def fraction_outside(stats: Mapping[str, float], low: float, high: float,

@@ -17,6 +17,7 @@ from tensorlens.findings import Finding
 from tensorlens.records import StepRecord
 from tensorlens.rules import bounds
 from tensorlens.rules.base import Rule
+from tensorlens.rules.columns import Columns, columns, count
 from tensorlens.rules.params import Selection, kind_of, tensor_stats, to_float, to_int
 
 _UPDATES_HINT = (
@@ -25,8 +26,20 @@ _UPDATES_HINT = (
 )
 
 
-def _gradients(record: StepRecord, selection: Selection) -> dict[str, dict[str, float]]:
-    return {t: s for t, s in tensor_stats(record).items() if kind_of(t) == "gradients" and selection.matches(t)}
+_GRADIENTS_KIND, _GRADIENTS_PREFIX = ("kind", "gradients"), ("prefix", "gradients/")
+
+
+def _in_gradients(tensor: str) -> bool:
+    return tensor.startswith("gradients/")
+
+
+def _is_gradient(tensor: str) -> bool:
+    return kind_of(tensor) == "gradients"
+
+
+def _chosen_gradients(cols: Columns, selection: Selection) -> np.ndarray:
+    """Which tensors of a layout are gradients that ``selection`` picks (a fresh array)."""
+    return cols.mask(_GRADIENTS_KIND, _is_gradient) & cols.mask(selection, selection.matches)
 
 
 def update_ratios(record: StepRecord, kinds: tuple[str, ...] = ("weights",)) -> dict[str, tuple[float, float, str]]:
@@ -65,19 +78,24 @@ class VanishingGradient(Rule):
         super().__init__(**kwargs)
 
     def invoke_at_step(self, record: StepRecord) -> list[Finding]:
+        cols = columns(record)
+        chosen = _chosen_gradients(cols, self._selection)
+        if not chosen.any():
+            return []
+        numel = cols.column(record, "numel", fill=0.0)
+        value, exact, known = bounds.abs_means(lambda name: (cols.column(record, name), cols.has(name)), numel)
+        chosen &= numel != 0  # an empty gradient (or one of unknown size) has no mean
+        missing = np.flatnonzero(chosen & ~known)
+        if missing.size:
+            tensor = cols.tensors[int(missing[0])]
+            self.note("abs_mean", f"reads abs_mean, l1 or l2 of gradients; none is recorded for {tensor!r}")
+        exact |= value == 0  # a zero root mean square: every value is zero
         out = []
-        for tensor, stats in _gradients(record, self._selection).items():
-            if not stats.get("numel"):
-                continue
-            found = bounds.abs_mean(stats)
-            if found is None:
-                self.note("abs_mean", f"reads abs_mean, l1 or l2 of gradients; none is recorded for {tensor!r}")
-                continue
-            value, exact = found
-            exact = exact or value == 0  # a zero root mean square: every value is zero
-            if value < self.threshold:  # NaN compares False: ExplodingTensor's business
-                what = "mean of |gradient|" if exact else "root mean square of the gradient (>= mean of |gradient|)"
-                out.append(self.finding(record, tensor, f"{what} {value:.3g} < threshold {self.threshold:g}", value))
+        with np.errstate(invalid="ignore"):
+            fired = chosen & known & (value < self.threshold)  # NaN compares False: ExplodingTensor's business
+        for i in np.flatnonzero(fired).tolist():
+            what = "mean of |gradient|" if exact[i] else "root mean square of the gradient (>= mean of |gradient|)"
+            out.append(self.finding(record, cols.tensors[i], f"{what} {value[i]:.3g} < threshold {self.threshold:g}", value[i]))
         return out
 
 
@@ -93,12 +111,16 @@ class NonFiniteGradient(Rule):
         super().__init__(**kwargs)
 
     def invoke_at_step(self, record: StepRecord) -> list[Finding]:
+        cols = columns(record)
+        chosen = _chosen_gradients(cols, self._selection)
+        if not chosen.any():
+            return []
+        nan, inf = cols.column(record, "nan_count", fill=0.0), cols.column(record, "inf_count", fill=0.0)
+        numel = cols.column(record, "numel", fill=0.0)
         out = []
-        for tensor, stats in _gradients(record, self._selection).items():
-            nan, inf = int(stats.get("nan_count", 0)), int(stats.get("inf_count", 0))
-            if nan or inf:
-                numel = int(stats.get("numel", 0))
-                out.append(self.finding(record, tensor, f"{nan} NaN and {inf} Inf in the gradient ({numel} values)", nan + inf))
+        for i in np.flatnonzero(chosen & ((nan != 0) | (inf != 0))).tolist():
+            out.append(self.finding(record, cols.tensors[i], f"{count(nan[i])} NaN and {count(inf[i])} Inf in the gradient "
+                                                             f"({count(numel[i])} values)", nan[i] + inf[i]))
         return out
 
 
@@ -125,12 +147,13 @@ class GradientNormSpike(Rule):
     @staticmethod
     def global_norm(record: StepRecord) -> float | None:
         """The global gradient norm of a record, or ``None`` if it holds no gradient norm."""
-        found = record.scalar("dynamics/global", "grad_norm")
+        cols = columns(record)
+        found = cols.scalar(record, "dynamics/global", "grad_norm")
         if found is not None:
             return found
-        squares = [v * v for (t, s), v in zip(record.scalar_names, record.scalar_values.tolist(), strict=True)
-                   if s == "l2" and t.startswith("gradients/")]
-        return math.sqrt(math.fsum(squares)) if squares else None
+        rows, at = cols.positions("l2")
+        values = record.scalar_values[at[cols.mask(_GRADIENTS_PREFIX, _in_gradients)[rows]]]
+        return math.sqrt(math.fsum((values * values).tolist())) if values.size else None
 
     def invoke_at_step(self, record: StepRecord) -> list[Finding]:
         norm = self.global_norm(record)

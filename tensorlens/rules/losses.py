@@ -16,13 +16,17 @@ from tensorlens.findings import Finding
 from tensorlens.modes import ModeKeys
 from tensorlens.records import StepRecord
 from tensorlens.rules.base import Rule
+from tensorlens.rules.columns import columns
 from tensorlens.rules.params import Selection, to_bool, to_float, to_int
 
 
 def _losses(record: StepRecord, selection: Selection) -> list[tuple[str, float]]:
-    """The plain scalars of a record that ``selection`` picks (NaN left out)."""
-    return [(t, v) for (t, s), v in zip(record.scalar_names, record.scalar_values.tolist(), strict=True)
-            if not s and v == v and selection.matches(t)]
+    """The plain scalars of a record that ``selection`` picks (NaN left out), in record order."""
+    cols = columns(record)
+    rows, at = cols.positions("")
+    picked = cols.mask(selection, selection.matches)[rows]
+    values = record.scalar_values[at[picked]].tolist()
+    return [(cols.tensors[r], v) for r, v in zip(rows[picked].tolist(), values, strict=True) if v == v]
 
 
 def _loss_selection(collection_names: Any, tensor_regex: Any, use_losses_collection: bool = True) -> Selection:

@@ -11,9 +11,12 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
+
 from tensorlens._checks import expected
 from tensorlens.collection import KINDS
 from tensorlens.records import StepRecord
+from tensorlens.rules.columns import columns
 
 ACTIONS = ("warn", "raise", "stop")
 
@@ -141,13 +144,15 @@ class Selection:
         return f"Selection(collections={sorted(self.collections)}, regex={[p.pattern for p in self.patterns]})"
 
 
-def tensor_stats(record: StepRecord) -> dict[str, dict[str, float]]:
+def tensor_stats(record: StepRecord, selection: Selection | None = None) -> dict[str, dict[str, float]]:
     """``{tensor: {stat: value}}`` for every scalar of a record; a plain scalar (a loss) has the
-    stat ``""``."""
-    out: dict[str, dict[str, float]] = {}
-    for (tensor, stat), value in zip(record.scalar_names, record.scalar_values.tolist(), strict=True):
-        out.setdefault(tensor, {})[stat] = value
-    return out
+    stat ``""``. With ``selection``, only the tensors it picks: the others are never built (a
+    rule on one collection of a model with thousands of tensors builds that collection's)."""
+    cols = columns(record)
+    values = record.scalar_values.tolist()
+    groups, tensors = cols.groups, cols.tensors
+    picked = range(len(tensors)) if selection is None else np.flatnonzero(cols.mask(selection, selection.matches)).tolist()
+    return {tensors[t]: {stat: values[at] for stat, at in groups[t]} for t in picked}
 
 
 def modules_regex(model: Any, *types: type, collection: str = "activations", prefix: str = "") -> str:

@@ -18,6 +18,7 @@ from tensorlens._checks import expected
 from tensorlens.findings import Finding
 from tensorlens.records import StepRecord
 from tensorlens.rules.base import Rule
+from tensorlens.rules.columns import columns, count
 from tensorlens.rules.compare import compare_records
 from tensorlens.rules.params import Selection, tensor_stats, to_bool, to_float, to_int
 from tensorlens.store.reader import Run
@@ -27,9 +28,7 @@ _STRUCTURAL = frozenset({"numel"})
 
 
 def _selected(record: StepRecord, selection: Selection) -> Iterator[tuple[str, dict[str, float]]]:
-    for tensor, stats in tensor_stats(record).items():
-        if selection.matches(tensor):
-            yield tensor, stats
+    yield from tensor_stats(record, selection).items()
 
 
 def _raw(record: StepRecord) -> dict[str, np.ndarray]:
@@ -60,18 +59,18 @@ class ExplodingTensor(Rule):
         super().__init__(**kwargs)
 
     def invoke_at_step(self, record: StepRecord) -> list[Finding]:
+        cols = columns(record)
+        chosen = cols.mask(self._selection, self._selection.matches)
+        if not chosen.any():
+            return []
+        plain, value = cols.has(""), cols.column(record, "")  # a plain scalar: the value itself
+        nan = np.where(plain, np.isnan(value), cols.column(record, "nan_count", fill=0.0))
+        inf = np.zeros_like(nan) if self.only_nan else np.where(plain, np.isinf(value), cols.column(record, "inf_count", fill=0.0))
+        has_numel, numel = cols.has("numel"), cols.column(record, "numel")
         out = []
-        for tensor, stats in _selected(record, self._selection):
-            if "" in stats:  # a plain scalar: the value itself
-                value = stats[""]
-                nan, inf = float(value != value), float(value in (float("inf"), float("-inf")))
-            else:
-                nan, inf = stats.get("nan_count", 0.0), stats.get("inf_count", 0.0)
-            if self.only_nan:
-                inf = 0.0
-            if nan or inf:
-                of = f" of {int(stats['numel'])} values" if "numel" in stats else ""
-                out.append(self.finding(record, tensor, f"{int(nan)} NaN and {int(inf)} Inf{of}", nan + inf))
+        for i in np.flatnonzero(chosen & ((nan != 0) | (inf != 0))).tolist():
+            of = f" of {count(numel[i])} values" if has_numel[i] else ""
+            out.append(self.finding(record, cols.tensors[i], f"{count(nan[i])} NaN and {count(inf[i])} Inf{of}", nan[i] + inf[i]))
         return out
 
 
