@@ -9,10 +9,12 @@ from __future__ import annotations
 import io
 import json
 import math
+import random
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -233,8 +235,33 @@ def test_raw_tensors_decode_as_np_load_decodes_them(dtype: str, shape: tuple[int
 
 def test_the_depth_scan_counts_only_structure() -> None:
     assert jsontext.depth("[" * 300 + "]" * 300) == 300
-    assert jsontext.depth(json.dumps(["[" * 1000, {"a": "{" * 1000}])) <= jsontext.MAX_DEPTH
-    assert jsontext.depth(json.dumps([["\\\"[" * 500]])) <= jsontext.MAX_DEPTH  # escaped quotes stay inside strings
+    assert jsontext.depth(json.dumps(["[" * 1000, {"a": "{" * 1000}])) == 2
+    assert jsontext.depth(json.dumps([["\\\"[" * 500]])) == 2  # escaped quotes stay inside strings
+    assert jsontext.depth(json.dumps([["\\", "[" * 500], "\\\\\"["])) == 2  # escaped backslashes before a quote
+    assert not jsontext.too_deep("[" * 200 + "]" * 200) and jsontext.too_deep("[" * 201 + "]" * 201)
+
+
+def test_the_depth_scan_agrees_with_the_parsed_value_on_random_json() -> None:
+    """Strings full of brackets, quotes and backslashes: the scan tells them apart as json does."""
+    rng = random.Random(0)
+    texts = ["[\\\"{", "\\", 'a"b[', '}]\\"', "\\\\\"", "é[ü", "\ud800"]
+
+    def value(level: int) -> Any:
+        pick = rng.random()
+        if level > 6 or pick < 0.3:
+            return rng.choice([*texts, 1, None])
+        if pick < 0.65:
+            return [value(level + 1) for _ in range(rng.randint(0, 3))]
+        return {rng.choice(texts) + str(i): value(level + 1) for i in range(rng.randint(0, 3))}
+
+    def nesting(v: Any) -> int:
+        inner = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
+        return 0 if inner is None else 1 + max(map(nesting, inner), default=0)
+
+    for _ in range(2000):
+        v = value(0)
+        text = json.dumps(v, ensure_ascii=rng.random() < 0.5)
+        assert jsontext.depth(text) == nesting(v), text
 
 
 def test_a_dangling_store_link_is_refused_naming_its_target(tmp_path: Path) -> None:
