@@ -115,7 +115,8 @@ class NonFiniteGradient(Rule):
         chosen = _chosen_gradients(cols, self._selection)
         if not chosen.any():
             return []
-        nan, inf = cols.column(record, "nan_count", fill=0.0), cols.column(record, "inf_count", fill=0.0)
+        # counts are whole numbers: a fraction (a damaged store) is cut as int() cuts it
+        nan, inf = np.trunc(cols.column(record, "nan_count", fill=0.0)), np.trunc(cols.column(record, "inf_count", fill=0.0))
         numel = cols.column(record, "numel", fill=0.0)
         out = []
         for i in np.flatnonzero(chosen & ((nan != 0) | (inf != 0))).tolist():
