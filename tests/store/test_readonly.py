@@ -58,7 +58,9 @@ def place() -> Iterator[Path]:
 
 
 def _record(step: int) -> tl.StepRecord:
-    return tl.StepRecord(step, "train", step, "worker_0", 1.0 + step, scalars=[tl.ScalarEntry("scalars/x", None, 2.0 * step)])
+    return tl.StepRecord(step, "train", step, "worker_0", 1.0 + step, scalars=[
+        tl.ScalarEntry("scalars/x", None, 2.0 * step), tl.ScalarEntry("gradients/w", "l2", 1.0 + step),
+    ])
 
 
 def _write(folder: Path, steps: int) -> None:
@@ -111,6 +113,11 @@ def test_the_cli_reads_a_read_only_run(place: Path) -> None:
     exported = _read_as_nobody(run, place, "export", str(run), "-o", "-")
     assert exported.returncode == 0, exported.stderr
     assert "scalars/x" in exported.stdout and "4.0" in exported.stdout
+    for argv in (["compare", str(run), str(run)], ["rules", str(run)], ["report", str(run), "-o", str(place / "tmp" / "r.html")]):
+        done = _read_as_nobody(run, place, *argv)
+        assert done.returncode == 0, (argv, done.stdout, done.stderr)
+        assert "Traceback" not in done.stderr, (argv, done.stderr)
+    assert os.path.getsize(place / "tmp" / "r.html") > 0
 
 
 _CRASH = """
