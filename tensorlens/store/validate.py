@@ -93,7 +93,7 @@ def check_tables(db: sqlite3.Connection, path: str) -> bool:
         except sqlite3.OperationalError:  # no key/value columns: reported below
             found = None
         if found is not None and found[0] != SCHEMA_VERSION:
-            raise SchemaVersionError(path, str(found[0]))
+            raise SchemaVersionError(path, str(found[0])[:40])  # a hostile value may be megabytes
     missing = sorted(set(COLUMNS) - tables)
     if missing == sorted(COLUMNS):
         raise CorruptRunError(path, f"it is an SQLite database of another program (its tables: {sorted(tables)[:10]})")

@@ -279,3 +279,10 @@ def test_a_row_count_that_is_not_digits_is_refused(run: Path, count: str) -> Non
     _edit(run, "meta", ("layout_rows", count))
     with tl.open_run(str(run)) as opened, pytest.raises(tl.CorruptRunError, match="'layout_rows' entry is missing or not a count"):
         opened.tensor_names()
+
+
+def test_a_huge_schema_version_is_named_briefly(run: Path) -> None:
+    _edit(run, "meta", ("schema_version", "9" * 10_000_000))
+    with pytest.raises(tl.CorruptRunError, match="schema 9{40}; this tensorlens") as raised:
+        tl.open_run(str(run))
+    assert len(str(raised.value)) < 500
