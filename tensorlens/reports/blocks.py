@@ -136,6 +136,26 @@ def _cell(value: Any) -> str:
 
 
 # ---------------------------------------------------------------------------- Vega-Lite specs
+#
+# Names from a run (tensors, rules, runs, statistics) go into a spec where Vega-Lite keeps them
+# as data (a scale's domain rather than a ``sort`` array, which it compiles into an expression
+# string; the page shows U+2028 and U+2029, which end such a string, as escapes anyway), and never
+# as a tooltip's title: vega-tooltip's own formatter reads a key ``image`` as a picture to load
+# and ``title`` as a heading (the page formats tooltips itself too). Tooltip titles are fixed
+# words; a statistic's name travels in a data column.
+
+
+def step_axis() -> dict[str, Any]:
+    """The x axis of steps: integer ticks only (``tickMinStep`` 1; a short run otherwise gets ticks
+    at 0.5 that ``d`` prints as ``0 0 1 1``)."""
+    return {"format": ",d", "tickCount": 8, "tickMinStep": 1}
+
+
+def ordered_nominal(field: str, order: Sequence[str], axis: dict[str, Any]) -> dict[str, Any]:
+    """A nominal axis in the given ``order``: as the scale's domain, which Vega keeps as data (a
+    ``sort`` array would become an expression string; see above)."""
+    return {"field": field, "type": "nominal", "title": None, "sort": None, "scale": {"domain": list(order)},
+            "axis": axis}
 
 
 def _color(runs: Sequence[str]) -> dict[str, Any]:
@@ -156,7 +176,7 @@ def line_spec(title: str, y_title: str, runs: Sequence[str], log: bool = False, 
     if color_field is None and len(runs) == 1:
         color["legend"] = None  # one run: its name is in the page header
     encoding: dict[str, Any] = {
-        "x": {"field": "step", "type": "quantitative", "title": "step", "axis": {"format": ",d", "tickCount": 8}},
+        "x": {"field": "step", "type": "quantitative", "title": "step", "axis": step_axis()},
         "y": {"field": "value", "type": "quantitative", "title": y_title,
               "scale": {"type": "log"} if log else {"zero": False}},
         "color": color,
@@ -190,7 +210,8 @@ def line_spec(title: str, y_title: str, runs: Sequence[str], log: bool = False, 
 
 
 def layer_heatmap_spec(title: str, stat: str, rows: int, log: bool) -> dict[str, Any]:
-    """Tensors (rows, in model order) x steps, coloured by ``value``, from the ``matrix`` dataset ``values``."""
+    """Tensors (rows, in model order) x steps, coloured by ``value``, from the ``matrix`` dataset
+    ``values`` (made with ``stat=`` the statistic's name, shown in the tooltip)."""
     return {
         "$schema": "https://vega.github.io/schema/vega-lite/v6.json",
         "title": {"text": title, "anchor": "start", "limit": 900},
@@ -199,7 +220,7 @@ def layer_heatmap_spec(title: str, stat: str, rows: int, log: bool) -> dict[str,
         "height": max(120, min(14 * rows, 1400)),
         "mark": {"type": "rect"},
         "encoding": {
-            "x": {"field": "step", "type": "quantitative", "title": "step", "axis": {"format": ",d", "tickCount": 8},
+            "x": {"field": "step_start", "type": "quantitative", "title": "step", "axis": step_axis(),
                   "scale": {"nice": False, "zero": False}},
             "x2": {"field": "step_end"},
             "y": {"field": "tensor", "type": "ordinal", "title": None, "sort": None,
@@ -211,7 +232,8 @@ def layer_heatmap_spec(title: str, stat: str, rows: int, log: bool) -> dict[str,
             "tooltip": [
                 {"field": "tensor", "type": "nominal"},
                 {"field": "step", "type": "quantitative"},
-                {"field": "value", "type": "quantitative", "format": ".5~g", "title": stat},
+                {"field": "stat", "type": "nominal", "title": "statistic"},
+                {"field": "value", "type": "quantitative", "format": ".5~g"},
             ],
         },
     }
@@ -231,7 +253,7 @@ def histogram_heatmap_spec(title: str, axis: str, linthresh: float | None, heigh
         "height": height,
         "mark": {"type": "rect", "clip": True},
         "encoding": {
-            "x": {"field": "step", "type": "quantitative", "title": "step", "axis": {"format": ",d", "tickCount": 8},
+            "x": {"field": "step_start", "type": "quantitative", "title": "step", "axis": step_axis(),
                   "scale": {"nice": False, "zero": False}},
             "x2": {"field": "step_end"},
             "y": {"field": "low", "type": "quantitative", "title": "value", "scale": y_scale, "axis": {"format": ".3~g"}},

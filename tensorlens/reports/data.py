@@ -14,8 +14,8 @@ never held in memory: only the thinned steps are.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
+import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +25,7 @@ import numpy as np
 from tensorlens.modes import ModeKeys
 from tensorlens.records import StepRecord
 from tensorlens.stats.views import thin_indices
+from tensorlens.store.errors import CorruptRunError
 from tensorlens.store.reader import Run, open_run
 from tensorlens.store.schema import store_files
 
@@ -87,15 +88,56 @@ class RunData:
         return out
 
     def modules(self) -> list[dict[str, Any]] | None:
-        """The model's modules as the recorder stored them (meta ``modules``), or ``None``."""
-        raw = self.meta.get("modules")
-        if not raw:
-            return None
-        try:
-            found = json.loads(raw)
-        except ValueError:
-            return None
-        return [m for m in found if isinstance(m, dict) and isinstance(m.get("name"), str)] if isinstance(found, list) else None
+        """The model's modules as the recorder stored them (meta ``modules``), or ``None`` when
+        there is none or it is damaged (see :func:`read_modules`; warned about once)."""
+        if not hasattr(self, "_modules"):
+            self._modules = read_modules(self.run)
+        return self._modules
+
+
+def read_modules(run: Run) -> list[dict[str, Any]] | None:
+    """The run's meta entry ``modules`` (a JSON list of ``{"name", "type", "extra_repr",
+    "parameters": {name: shape}, "call_order"}``), read checked by the store reader (``NaN``,
+    ``Infinity``, too deep: a :class:`~tensorlens.CorruptRunError` naming the file and the entry).
+    A damaged entry gives ``None``, so that the explorer builds its tree from the tensor names, and
+    one warning that says so with the reader's reason; fields of the wrong type are left out of
+    their module (see :func:`module_list`)."""
+    try:
+        found = run.meta_json("modules")
+    except CorruptRunError as err:
+        warnings.warn(f"tensorlens: {err}; the module tree is built from the tensor names instead", stacklevel=3)
+        return None
+    return module_list(found, run.path)
+
+
+def module_list(found: Any, run: str) -> list[dict[str, Any]] | None:
+    """``found`` (the parsed ``modules`` entry of the run at ``run``) with only what the page can
+    show: modules with a text ``name``; ``type`` and ``extra_repr`` when texts, ``parameters``
+    whose shapes are lists of integers, ``call_order`` when an integer (an older writer stored
+    ``NaN`` as the text ``"NaN"``). Not a list: ``None`` and a warning naming the run and the entry."""
+    if found is None:
+        return None
+    if not isinstance(found, list):
+        warnings.warn(f"tensorlens: run {run!r}: its meta entry 'modules' is not a JSON list of modules; the module "
+                      "tree is built from the tensor names instead", stacklevel=4)
+        return None
+    modules = []
+    for entry in found:
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            continue
+        kept: dict[str, Any] = {"name": entry["name"]}
+        for key in ("type", "extra_repr"):
+            if isinstance(entry.get(key), str):
+                kept[key] = entry[key]
+        parameters = entry.get("parameters")
+        if isinstance(parameters, dict):
+            kept["parameters"] = {k: v for k, v in parameters.items() if isinstance(v, list)
+                                  and all(isinstance(d, int) and not isinstance(d, bool) for d in v)}
+        order = entry.get("call_order")
+        if isinstance(order, int) and not isinstance(order, bool):
+            kept["call_order"] = order
+        modules.append(kept)
+    return modules
 
 
 class _Layout:

@@ -1,9 +1,11 @@
 """The module explorer: the model's module tree, each module with its tensors' statistics and
 histograms, in one self-contained HTML file (``tensorlens explore RUN -o explorer.html``).
 
-The tree is laid out by Vega's ``tree`` transform (d3-hierarchy's tidy tree, inside the vendored
-Vega build); the page folds and unfolds it, searches it by name and shows a module's charts when
-it is clicked. No graphviz, no server.
+The tree is HTML: nested lists whose names are text (the browser's find, copying and screen
+readers reach them; a name is never cut, a long one wraps), each module's full name, type,
+``extra_repr``, parameter shapes and tensors in its ``title`` (shown on hover). The page folds and
+unfolds it, searches it by name and shows a module's charts when a name is clicked. No graphviz,
+no server.
 
 Where the tree comes from: the run's ``modules`` meta entry when the recorder stored one (a JSON
 list of ``{"name", "type", "extra_repr", "parameters": {name: shape}, "call_order"}``, see
@@ -63,27 +65,29 @@ def build_tree(data: RunData) -> tuple[list[dict[str, Any]], dict[str, list[str]
     nodes: dict[str, dict[str, Any]] = {}
 
     def add(name: str) -> None:
-        if name in nodes:
-            return
-        if name:
-            parent = name.rsplit(".", 1)[0] if "." in name else ""
-            add(parent)
-        else:
-            parent = None
-        info = known.get(name, {})
-        nodes[name] = {
-            "id": name, "parent": parent, "label": (name.rsplit(".", 1)[-1] if name else data.name),
-            "type": str(info.get("type", "")), "extra_repr": str(info.get("extra_repr", "")),
-            "parameters": {str(k): v for k, v in dict(info.get("parameters") or {}).items()},
-            "call_order": info.get("call_order"),
-        }
+        missing = []  # the name and its ancestors not yet in the tree (a loop: a name may have many dots)
+        while name not in nodes and name not in missing:
+            missing.append(name)
+            if not name:
+                break
+            name = name.rsplit(".", 1)[0] if "." in name else ""
+        for name in reversed(missing):  # parents first
+            parent = (name.rsplit(".", 1)[0] if "." in name else "") if name else None
+            info = known.get(name, {})
+            nodes[name] = {
+                "id": name, "parent": parent, "label": (name.rsplit(".", 1)[-1] if name else data.name),
+                "type": str(info.get("type", "")), "extra_repr": str(info.get("extra_repr", "")),
+                "parameters": {str(k): v for k, v in dict(info.get("parameters") or {}).items()},
+                "call_order": info.get("call_order"),
+            }
 
     add("")
     for m in described:
         add(m["name"])
     owned: dict[str, list[str]] = {}
+    names = set(known)
     for tensor in data.tensors:
-        _, owner, _ = _split(tensor, set(known))
+        _, owner, _ = _split(tensor, names)
         add(owner)
         owned.setdefault(owner, []).append(tensor)
     return list(nodes.values()), owned
@@ -148,8 +152,13 @@ def build_explorer(
         spec["height"] = 160
     templates["series"]["encoding"]["color"]["legend"] = None
     payload = {"page": "explorer", "charts": {}, "nodes": nodes, "owned": owned, "tensors": tensors,
-               "templates": templates, "tree_spec": tree_spec(), "described": bool(data.modules())}
-    source = "the recorded module list" if data.modules() else "tensor names (no module list recorded)"
+               "templates": templates, "described": bool(data.modules())}
+    if data.modules():
+        source = "the recorded module list"
+    elif data.meta.get("modules"):
+        source = "tensor names (the recorded module list is damaged)"
+    else:
+        source = "tensor names (no module list recorded)"
     steps = f"{len(data.steps)} saved steps" + (f", latest {data.steps[-1]}" if data.steps else "")
     body = (
         f'<header class="tl-header"><h1>{esc(title)}</h1><p class="tl-meta">{esc(data.path)} · {esc(steps)} · '
@@ -159,9 +168,9 @@ def build_explorer(
         '<button type="button" data-action="expand">expand all</button>'
         '<button type="button" data-action="collapse">collapse all</button>'
         '<span class="tl-filter-count"></span></div>'
-        '<div class="tl-tree" id="tl-tree"></div></div>'
+        '<div class="tl-tree" id="tl-tree" role="tree" aria-label="modules"></div></div>'
         '<div class="tl-detail" id="tl-detail"><p class="tl-note">Click a module name to see its statistics '
-        'and histograms; click a circle to fold or unfold it. Hover for shapes and extra_repr.</p></div></div>'
+        'and histograms; click a triangle to fold or unfold it. Hover for shapes and extra_repr.</p></div></div>'
     )
     return Page(render("explorer", title, body, payload), title)
 
@@ -181,50 +190,6 @@ def _bar_spec() -> dict[str, Any]:
             "tooltip": [{"field": "low", "format": ".4~g", "title": "from"}, {"field": "high", "format": ".4~g", "title": "to"},
                         {"field": "count", "type": "quantitative"}],
         },
-    }
-
-
-def tree_spec() -> dict[str, Any]:
-    """The Vega spec that lays out and draws the module tree (its ``nodes`` data is set by the page)."""
-    return {
-        "$schema": "https://vega.github.io/schema/vega/v6.json",
-        "width": 600,
-        "height": 400,
-        "padding": {"left": 12, "right": 12, "top": 14, "bottom": 8},
-        "autosize": "none",
-        "signals": [{"name": "labelSpace", "value": 220}, {"name": "innerLimit", "value": 118}],
-        "data": [
-            {"name": "nodes", "values": [], "transform": [
-                {"type": "stratify", "key": "key", "parentKey": "pkey"},
-                {"type": "tree", "method": "tidy", "separation": False,
-                 "size": [{"signal": "height"}, {"signal": "max(10, width - labelSpace)"}],
-                 "as": ["y", "x", "depth", "children"]},
-            ]},
-            {"name": "links", "source": "nodes", "transform": [
-                {"type": "treelinks"}, {"type": "linkpath", "orient": "horizontal", "shape": "diagonal"},
-            ]},
-        ],
-        "marks": [
-            {"type": "path", "from": {"data": "links"},
-             "encode": {"update": {"path": {"field": "path"}, "stroke": {"value": "#c4ccd5"}, "strokeWidth": {"value": 1.2}}}},
-            {"type": "symbol", "name": "circle", "from": {"data": "nodes"},
-             "encode": {"enter": {"size": {"value": 110}, "cursor": {"value": "pointer"}},
-                        "update": {"x": {"field": "x"}, "y": {"field": "y"},
-                                   "fill": {"signal": "datum.folded ? '#8c959f' : (datum.selected ? '#0969da' : '#ffffff')"},
-                                   "stroke": {"signal": "datum.match ? '#d4700b' : '#57606a'"},
-                                   "strokeWidth": {"signal": "datum.match ? 2.5 : 1.2"},
-                                   "tooltip": {"signal": "datum.tooltip"}}}},
-            {"type": "text", "name": "label", "from": {"data": "nodes"},
-             "encode": {"enter": {"fontSize": {"value": 12}, "cursor": {"value": "pointer"}, "baseline": {"value": "middle"}},
-                        "update": {"x": {"field": "x"}, "y": {"field": "y"},
-                                   "dx": {"value": 9}, "dy": {"signal": "datum.children && !datum.folded ? -10 : 0"},
-                                   "align": {"value": "left"},
-                                   "text": {"field": "text"},
-                                   "limit": {"signal": "datum.children && !datum.folded ? innerLimit : labelSpace - 14"},
-                                   "fill": {"signal": "datum.selected ? '#0969da' : (datum.dim ? '#a0a7b0' : '#1f2328')"},
-                                   "fontWeight": {"signal": "datum.match || datum.selected ? 'bold' : 'normal'"},
-                                   "tooltip": {"signal": "datum.tooltip"}}}},
-        ],
     }
 
 

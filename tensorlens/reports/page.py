@@ -2,10 +2,16 @@
 own script and style, and its data, all inlined. Nothing on the page makes a request.
 
 Data travels as one JSON document in a ``<script type="application/json">`` element, written so
-that no text in it can end the element (``<``, ``>`` and ``&`` are ``\\u`` escapes), and read
-with ``JSON.parse``; the page's script puts names on the page only as text (``textContent``),
-never as markup. Datasets are compact: columns rather than rows (:func:`table`), heatmaps as
-quantised levels in base64 (:func:`grid`); the script expands them before a chart is drawn.
+that no text in it can end the element (``<``, ``>`` and ``&`` are ``\\u`` escapes, so neither
+``</script`` nor ``<!--`` can appear), and read with ``JSON.parse``; the page's script puts names
+on the page only as text (``textContent``, ``title``), never as markup. Three kinds of character
+are shown as their escape, in the markup and in the data alike (:func:`unicode_text`): U+2028 and
+U+2029 (invisible, and the end of a Vega expression string) and surrogates (a lone one, such as
+``"layer\\udc80"`` in a name an older store holds, cannot be written as UTF-8): the page can always
+be written, and every chart drawn.
+
+Datasets are compact: columns rather than rows (:func:`table`), heatmaps as quantised levels in
+base64 (:func:`grid`); the script expands them before a chart is drawn.
 """
 
 from __future__ import annotations
@@ -43,10 +49,51 @@ def asset_versions() -> dict[str, Any]:
 
 
 def script_json(document: Any) -> str:
-    """``document`` as JSON that is safe inside a ``<script>`` element (no ``<``, ``>``, ``&``)."""
-    text = json.dumps(document, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace(
-        "\u2028", "\\u2028").replace("\u2029", "\\u2029")
+    """``document`` as JSON that is safe inside a ``<script>`` element (no ``<``, ``>``, ``&``)
+    and shows U+2028, U+2029 and surrogates as their escapes (see :func:`unicode_text`). A
+    non-finite number (JSON has no NaN or Infinity) is a ``ValueError`` that says where in
+    ``document`` it is."""
+    try:
+        text = json.dumps(document, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    except ValueError:
+        where = _non_finite_at(document)
+        if not where:
+            raise
+        raise ValueError(f"the page's data holds a non-finite number at {unicode_text(where)} (JSON has no NaN "
+                         "or Infinity; a chart's data goes through rounded() or table())") from None
+    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    # these characters can only stand inside a JSON string here: an escaped backslash makes the
+    # page read the text ``\\u2028``, as the markup shows it (unicode_text)
+    return _ESCAPED.sub(lambda m: f"\\\\u{ord(m.group()):04x}", text)
+
+
+#: Shown as their escape ``\\u2028`` on the page, in the markup and in the data alike: the line
+#: and paragraph separators (a Vega expression string, into which Vega-Lite compiles titles and
+#: sort orders, ends at them: "Unexpected token ILLEGAL"; they are invisible anyway) and
+#: surrogates (a lone one, which an older store may hold in a name, cannot be written as UTF-8).
+_ESCAPED = re.compile("[\u2028\u2029\ud800-\udfff]")
+
+
+def unicode_text(text: str) -> str:
+    """``text`` with U+2028, U+2029 and every surrogate code point written as its escape
+    (``layer\\udc80``): what the page shows for them."""
+    return _ESCAPED.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def _non_finite_at(document: Any, where: str = "") -> str:
+    """Where the first NaN or ±Inf in ``document`` is, as ``charts.c3.data.values.columns.value[7]``."""
+    if isinstance(document, float) and not math.isfinite(document):
+        return where or "its top level"
+    items: Any = ()
+    if isinstance(document, dict):
+        items = ((f"{where}.{k}" if where else str(k), v) for k, v in document.items())
+    elif isinstance(document, (list, tuple)):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(document))
+    for path, value in items:
+        found = _non_finite_at(value, path)
+        if found:
+            return found
+    return ""
 
 
 def rounded(values: Any, digits: int = 5) -> list[float | None]:
@@ -82,34 +129,37 @@ def table(**columns: Sequence[Any] | np.ndarray) -> dict[str, Any]:
     return {"format": "table", "columns": encoded}
 
 
-def _ends(steps: np.ndarray) -> np.ndarray:
-    """Where each column ends: at the next column, overlapping it by 15 % of the gap so that a
-    canvas draws no hairline seam between neighbours (the next column is drawn over it); the
-    last column spans the median gap."""
-    if not len(steps):
-        return steps
+def spans(steps: Sequence[float] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each heatmap column starts and ends on the step axis: centred on its step, from the
+    midpoint with the previous step to the midpoint with the next, so that the first column starts
+    at the first step and the last ends at the last (the axis covers exactly the saved steps) and
+    uneven gaps are drawn to scale. A column reaches 15 % of the gap into the next one, which is
+    drawn over it, so that a canvas draws no hairline seam between them. A single step spans ±0.5."""
+    steps = np.asarray(steps, dtype=np.float64)
+    if len(steps) < 2:
+        return steps - 0.5, steps + 0.5
     gaps = np.diff(steps)
-    last = float(np.median(gaps)) if len(gaps) else 1.0
-    return np.append(steps[1:] + 0.15 * gaps, steps[-1] + last)
+    middles = steps[:-1] + gaps / 2
+    return np.append(steps[:1], middles), np.append(middles + 0.15 * gaps, steps[-1:])
 
 
 def grid(steps: Sequence[int], grid_edges: np.ndarray, image: np.ndarray, **constant: Any) -> dict[str, Any]:
     """A histogram-over-time heatmap: ``image[row, column]`` fractions (rows along ``grid_edges``,
     columns at ``steps``) as ``LEVELS`` levels of log10(fraction) from ``LOG_FLOOR`` to 0, in
-    base64. Expanded by the page into rows ``{step, step_end, low, high, log_fraction}`` plus
-    ``constant`` fields; empty cells are left out. A column ends where the next one begins
-    (:func:`_ends`), so uneven gaps between saved steps are drawn to scale."""
+    base64. Expanded by the page into rows ``{step, step_start, step_end, low, high, log_fraction}``
+    plus ``constant`` fields; empty cells are left out. Columns span the step axis as :func:`spans`
+    says."""
     image = np.asarray(image, dtype=np.float64)
     with np.errstate(divide="ignore"):
         logs = np.log10(np.where(image > 0, image, np.nan))
     levels = np.where(
         np.isfinite(logs), 1 + np.round((np.clip(logs, LOG_FLOOR, 0) - LOG_FLOOR) / -LOG_FLOOR * (LEVELS - 1)), 0
     ).astype(np.uint8)
-    steps = np.asarray(steps, dtype=np.float64)
-    ends = _ends(steps)
+    starts, ends = spans(steps)
     return {
         "format": "grid",
-        "steps": rounded(steps, 12),
+        "steps": rounded(np.asarray(steps, dtype=np.float64), 12),
+        "starts": rounded(starts, 12),
         "ends": rounded(ends, 12),
         "edges": rounded(grid_edges, 6),
         "levels": base64.b64encode(np.ascontiguousarray(levels.T).tobytes()).decode("ascii"),  # column-major
@@ -121,7 +171,8 @@ def grid(steps: Sequence[int], grid_edges: np.ndarray, image: np.ndarray, **cons
 
 def render(kind: str, title: str, body: str, payload: dict[str, Any]) -> str:
     """The whole page: ``body`` is trusted markup built by this package (every name in it passed
-    through :func:`html.escape`); ``payload`` is the JSON the page's script reads."""
+    through :func:`html.escape`); ``payload`` is the JSON the page's script reads. The result is
+    always encodable as UTF-8 (see :func:`unicode_text`)."""
     vendored = "\n".join(f"<script>{asset(name)}</script>" for name in VENDORED)
     versions = ", ".join(f"{k} {v['version']}" for k, v in asset_versions().items())
     return (
@@ -132,8 +183,8 @@ def render(kind: str, title: str, body: str, payload: dict[str, Any]) -> str:
         "script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; img-src data: blob:; "
         "font-src data:; connect-src 'none'\">\n"
         f"<meta name=\"generator\" content=\"tensorlens {html.escape(_version())} ({html.escape(versions)})\">\n"
-        f"<title>{html.escape(title)}</title>\n<style>{asset('page.css')}</style>\n</head>\n"
-        f"<body class=\"tl-page-{kind}\">\n{body}\n"
+        f"<title>{unicode_text(html.escape(title))}</title>\n<style>{asset('page.css')}</style>\n</head>\n"
+        f"<body class=\"tl-page-{kind}\">\n{unicode_text(body)}\n"
         f"<script type=\"application/json\" id=\"tl-data\">{script_json(payload)}</script>\n"
         f"{vendored}\n<script>{asset('page.js')}</script>\n</body>\n</html>\n"
     )
@@ -163,15 +214,17 @@ def write(path: str | os.PathLike[str], text: str) -> str:
     return write_output(path, text)
 
 
-def matrix(rows: Sequence[str], steps: Sequence[int], values: np.ndarray) -> dict[str, Any]:
+def matrix(rows: Sequence[str], steps: Sequence[int], values: np.ndarray, **constant: Any) -> dict[str, Any]:
     """A rows x steps table of values (a layer x step heatmap): expanded by the page into rows
-    ``{tensor, step, step_end, value}``; NaN cells are left out."""
-    steps = np.asarray(steps, dtype=np.float64)
-    ends = _ends(steps)
+    ``{tensor, step, step_start, step_end, value}`` plus ``constant`` fields; NaN cells are left
+    out. Columns span the step axis as :func:`spans` says."""
+    starts, ends = spans(steps)
     return {
         "format": "matrix",
         "rows": list(rows),
-        "steps": rounded(steps, 12),
+        "steps": rounded(np.asarray(steps, dtype=np.float64), 12),
+        "starts": rounded(starts, 12),
         "ends": rounded(ends, 12),
         "values": rounded(np.asarray(values, dtype=np.float64).reshape(-1)),  # row-major
+        "constant": constant,
     }

@@ -37,6 +37,8 @@ from tensorlens.reports.blocks import (
     histogram_heatmap_spec,
     layer_heatmap_spec,
     line_spec,
+    ordered_nominal,
+    step_axis,
 )
 from tensorlens.reports.data import RunData
 from tensorlens.reports.page import grid, matrix, table
@@ -179,7 +181,7 @@ def layers(runs: Sequence[RunData], options: ReportOptions) -> Section | None:
             title = f"{collection} {stat}" + (f" — {r.name}" if len(runs) > 1 else "")
             labels = [t.split("/", 1)[1] if "/" in t else t for t in tensors]
             blocks.append(Chart(layer_heatmap_spec(title, stat, len(tensors), log),
-                                {"values": matrix(labels, r.column_steps, values)}, eager=not choices))
+                                {"values": matrix(labels, r.column_steps, values, stat=stat)}, eager=not choices))
         choices.append((f"{collection} · {stat}", blocks))
     columns = max(len(r.column_records) for r in runs)
     intro = (f"One row per tensor in the order they were recorded, one column per kept step (at most {columns}, "
@@ -313,8 +315,8 @@ def findings(runs: Sequence[RunData], options: ReportOptions) -> Section | None:
         "height": max(80, 26 * len(rules)),
         "mark": {"type": "tick", "thickness": 2, "clip": True},
         "encoding": {
-            "x": {"field": "step", "type": "quantitative", "title": "step", "axis": {"format": ",d", "tickCount": 8}},
-            "y": {"field": "rule", "type": "nominal", "title": None, "sort": rules, "axis": {"labelLimit": 260}},
+            "x": {"field": "step", "type": "quantitative", "title": "step", "axis": step_axis()},
+            "y": ordered_nominal("rule", rules, {"labelLimit": 260}),
             "color": line_spec("", "", names)["encoding"]["color"],
             "tooltip": [{"field": f, "type": "nominal" if f != "step" else "quantitative"}
                         for f in ("run", "rule", "step", "tensor", "message")],
@@ -375,8 +377,7 @@ def scales(runs: Sequence[RunData], options: ReportOptions) -> Section | None:
                      "mark": {"type": "point", "filled": True, "size": 40},
                      "encoding": {
                          "x": {"field": "log2", "type": "quantitative", "title": "log2 of the value"},
-                         "y": {"field": "node", "type": "ordinal", "sort": order, "title": None,
-                               "axis": {"labelLimit": 320, "labelFontSize": 10}},
+                         "y": ordered_nominal("node", order, {"labelLimit": 320, "labelFontSize": 10}),
                          "shape": {"field": "metric", "type": "nominal", "title": "metric"},
                          "tooltip": [{"field": "node"}, {"field": "metric"}, {"field": "log2", "format": ".2f"}]}},
                 ],

@@ -59,6 +59,11 @@ class Page:
         self.dialogs: list[str] = []
         for domain in ("Page", "Runtime", "Network", "Log"):
             self.call(f"{domain}.enable")
+        # enabling replays what the tab's previous page logged: not this page's
+        self.console.clear()
+        self.exceptions.clear()
+        self.requests.clear()
+        self.failed.clear()
 
     def _handle(self, message: dict[str, Any]) -> None:
         method = message.get("method")
@@ -126,6 +131,10 @@ class Page:
             raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
         return result.get("result", {}).get("value")
 
+    def hover(self, x: float, y: float) -> None:
+        """Move the mouse to ``(x, y)`` (CSS pixels in the viewport), as a user's pointer would."""
+        self.call("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": x, "y": y})
+
     def screenshot(self, width: int = 1400, height: int = 1000, full_page: bool = False) -> bytes:
         self.call("Emulation.setDeviceMetricsOverride",
                   {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
@@ -189,6 +198,19 @@ class Browser:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def assert_clean(page: Page, url: str) -> None:
+    """No console error, exception, dialog or page error; no request other than the page itself."""
+    page.pump(0.5)
+    errors = [m for m in page.console if m.get("type") in ("error", "assert")]
+    assert errors == [], errors
+    assert page.exceptions == [], page.exceptions
+    outside = [r for r in page.requests if r != url and not r.startswith("data:")]
+    assert outside == [], outside  # nothing leaves the page
+    assert page.failed == []
+    assert page.dialogs == []  # no alert() from a name
+    assert page.evaluate("window.tensorlens.errors") == []
 
 
 def png_pixels(png: bytes) -> Any:

@@ -15,9 +15,9 @@ from tensorlens.findings import Finding
 from tensorlens.store.writer import RunStoreWriter
 
 try:
-    from .report_runs import HOSTILE, write_run
+    from .report_runs import HOSTILE, write_names_run, write_run, write_scales_run
 except ImportError:
-    from report_runs import HOSTILE, write_run
+    from report_runs import HOSTILE, write_names_run, write_run, write_scales_run
 
 
 @pytest.fixture(scope="session")
@@ -81,3 +81,27 @@ def scales_run(tmp_path_factory: pytest.TempPathFactory) -> str:
         optimizer.zero_grad()
     hook.close()
     return hook.run_dir
+
+
+@pytest.fixture(scope="session")
+def names_run(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Names that are JavaScript object members, separators, ``image``, long labels (see report_runs)."""
+    return write_names_run(str(tmp_path_factory.mktemp("runs") / "names"))
+
+
+@pytest.fixture(scope="session")
+def odd_scales_run(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Per-op scales and statistics whose names hold separators or are ``image``."""
+    return write_scales_run(str(tmp_path_factory.mktemp("runs") / "odd-scales"))
+
+
+@pytest.fixture(scope="session")
+def surrogate_run(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A store holding names with a lone surrogate (``layer\\udc80``), as an older writer stored them."""
+    path = str(tmp_path_factory.mktemp("runs") / "surrogate")
+    modules = [{"name": ""}, {"name": "layer\udc80", "type": "Linear\udc81", "extra_repr": "x=\udc82"}]
+    write_run(path, 4, ["weights/layer\udc80.weight", "gradients/layer\udc80.weight", "losses/l\udc83"],
+              {"modules": json.dumps(modules)})
+    with tl.open_run(path) as run:
+        assert "weights/layer\udc80.weight" in run.tensor_names()  # the store holds the surrogate itself
+    return path

@@ -17,10 +17,10 @@ import pytest
 from tensorlens.reports import build_explorer, build_report
 
 try:
-    from .browser import Browser, find_chromium, png_pixels
+    from .browser import Browser, assert_clean, find_chromium, png_pixels
     from .report_runs import HOSTILE
 except ImportError:
-    from browser import Browser, find_chromium, png_pixels
+    from browser import Browser, assert_clean, find_chromium, png_pixels
     from report_runs import HOSTILE
 
 pytestmark = pytest.mark.skipif(
@@ -39,18 +39,6 @@ def browser():
 def _open(browser: Browser, path: Path):
     page = browser.open(path.resolve().as_uri())
     return page
-
-
-def _assert_clean(page, url: str) -> None:
-    page.pump(0.5)
-    errors = [m for m in page.console if m.get("type") in ("error", "assert")]
-    assert errors == [], errors
-    assert page.exceptions == [], page.exceptions
-    outside = [r for r in page.requests if r != url and not r.startswith("data:")]
-    assert outside == [], outside  # nothing leaves the page
-    assert page.failed == []
-    assert page.dialogs == []  # no alert() from a name
-    assert page.evaluate("window.tensorlens.errors") == []
 
 
 def _assert_not_blank(png: bytes, name: str) -> np.ndarray:
@@ -95,7 +83,7 @@ def test_report_in_a_browser(browser: Browser, real_run: str, tmp_path: Path) ->
         i.dispatchEvent(new Event('input'));
         return [...document.querySelectorAll('.tl-group')].filter(g => !g.hidden).map(g => g.dataset.name); })()""")
     assert shown == ["weights/0.weight", "weights/2.weight"]
-    _assert_clean(page, url)
+    assert_clean(page, url)
     page.evaluate("window.scrollTo(0, 0)")
     _assert_not_blank(page.screenshot(1400, 1000), "report.png")
     page.close()
@@ -106,12 +94,15 @@ def test_explorer_in_a_browser(browser: Browser, real_run: str, tmp_path: Path) 
     build_explorer(real_run).save(path)
     page = _open(browser, path)
     page.evaluate("window.tensorlens.explorer.ready")
-    tree = page.evaluate("window.tensorlens.explorer.tree.data('nodes').map(d => d.id)")
-    assert sorted(tree) == ["", "0", "1", "2"]
-    # the tree layout placed every node (Vega's tree transform): distinct positions, depth by name
-    positions = page.evaluate("window.tensorlens.explorer.tree.data('nodes').map(d => [d.id, d.x, d.y, d.depth])")
-    assert len({(x, y) for _, x, y, _ in positions}) == 4
-    assert {i: d for i, _, _, d in positions} == {"": 0, "0": 1, "1": 1, "2": 1}
+    rows = page.evaluate("window.tensorlens.explorer.rows()")
+    assert [r[0] for r in rows] == ["", "0", "1", "2"]  # the root (the run), then the modules in order
+    # the tree is HTML: nested lists, one row per module, the name as text and the full name in the title
+    run_name = page.evaluate("window.tensorlens.payload.nodes.find(n => n.id === '').label")
+    assert page.evaluate("[...document.querySelectorAll('#tl-tree .tl-node .tl-name')].map(e => e.textContent)") == [
+        run_name, "0", "1", "2"]
+    assert page.evaluate("document.querySelectorAll('#tl-tree ul ul li').length") == 3
+    titles = page.evaluate("[...document.querySelectorAll('#tl-tree .tl-node')].map(e => e.title.split('\\n')[0])")
+    assert titles == [f"(root) {run_name}", "0", "1", "2"]
     # the first module with tensors is shown: its tensors' charts are drawn
     assert page.evaluate("document.querySelector('#tl-detail h2').textContent") == "0"
     headings = page.evaluate("[...document.querySelectorAll('#tl-detail h3')].map(h => h.textContent)")
@@ -119,15 +110,17 @@ def test_explorer_in_a_browser(browser: Browser, real_run: str, tmp_path: Path) 
     assert page.evaluate("document.querySelectorAll('#tl-detail canvas').length") == 3 * len(headings)
     # folding the root hides its children; search unfolds to the match
     page.evaluate("""(() => { const s = document.querySelector('.tl-tree-tools [data-action=collapse]'); s.click(); })()""")
-    page.evaluate("window.tensorlens.explorer.redraw()")
+    page.evaluate("document.querySelector('#tl-tree .tl-fold').click()")  # the root's
+    assert [r[0] for r in page.evaluate("window.tensorlens.explorer.rows()")] == [""]
+    assert page.evaluate("document.querySelector('#tl-tree .tl-node:has(+ ul) + ul').checkVisibility()") is False
     page.evaluate("""(() => { const i = document.querySelector('.tl-search'); i.value = '2';
         i.dispatchEvent(new Event('input')); })()""")
-    page.evaluate("window.tensorlens.explorer.redraw()")
-    matched = page.evaluate("window.tensorlens.explorer.tree.data('nodes').filter(d => d.match).map(d => d.id)")
-    assert matched == ["2"]
+    shown = page.evaluate("window.tensorlens.explorer.rows()")
+    assert [r[0] for r in shown if r[3]] == ["2"] and "2" in [r[0] for r in shown]
+    assert page.evaluate("document.querySelector('#tl-tree .tl-match .tl-name').textContent") == "2"
     page.evaluate("window.tensorlens.explorer.select('2')")
     assert page.evaluate("document.querySelector('#tl-detail h2').textContent") == "2"
-    _assert_clean(page, path.resolve().as_uri())
+    assert_clean(page, path.resolve().as_uri())
     _assert_not_blank(page.screenshot(1400, 900), "explorer.png")
     page.close()
 
@@ -147,11 +140,12 @@ def test_hostile_names_render_as_text(browser: Browser, hostile_run: str, tmp_pa
         assert HOSTILE in text  # visible, literally
         assert page.evaluate("document.querySelectorAll('img').length") == 0  # never became an element
         assert page.evaluate("document.querySelectorAll('[onerror]').length") == 0
-        _assert_clean(page, path.resolve().as_uri())
-        if name == "explorer":  # the tooltip shows extra_repr as text too
-            tooltip = page.evaluate(
-                "JSON.stringify(window.tensorlens.explorer.tree.data('nodes').find(d => d.id === 'enc').tooltip)")
-            assert HOSTILE in tooltip
+        assert_clean(page, path.resolve().as_uri())
+        if name == "explorer":  # the hover text (a title attribute) shows extra_repr as text too
+            titles = page.evaluate("[...document.querySelectorAll('#tl-tree .tl-node')].map(e => e.title)")
+            enc = next(t for t in titles if t.startswith("enc\n"))
+            assert f"extra_repr: note={HOSTILE}" in enc
+            assert any(t.startswith(f"enc.{HOSTILE}\n") for t in titles)
         page.close()
 
 
@@ -165,7 +159,7 @@ def test_scales_and_findings_sections_draw(browser: Browser, scales_run: str, ho
     drawn = page.evaluate("""[...document.querySelectorAll('#findings .tl-chart, #scales .tl-chart')]
         .map(c => c.getAttribute('data-rendered'))""")
     assert drawn == ["1", "1", "1"]  # the findings ticks, forward and backward scales
-    _assert_clean(page, path.resolve().as_uri())
+    assert_clean(page, path.resolve().as_uri())
     page.close()
 
 
@@ -182,5 +176,5 @@ def test_large_report_draws_within_budget(browser: Browser, tmp_path: Path) -> N
     assert path.stat().st_size < 4_000_000
     page = _open(browser, path)
     assert page.evaluate("window.tensorlens.renderVisible()") >= 5
-    _assert_clean(page, path.resolve().as_uri())
+    assert_clean(page, path.resolve().as_uri())
     page.close()

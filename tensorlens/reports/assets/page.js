@@ -1,13 +1,26 @@
 /* tensorlens report and explorer pages. Reads the page's JSON (#tl-data), expands its compact
    datasets, draws charts with vega-embed when they come into view. Names reach the page only as
-   text (textContent, Vega text marks, vega-tooltip's escaped tables), never as markup. */
+   text (textContent, title attributes, Vega text marks, tooltips of escaped text), never as markup. */
 (function () {
   "use strict";
   var payload = JSON.parse(document.getElementById("tl-data").textContent);
   var views = {};
   var errors = [];
 
+  // Names from the run (modules, tensors) key Maps, never plain objects: in an object a module named
+  // `constructor`, `__proto__` or `toString` would find Object.prototype's members.
+  function toMap(object) {
+    var map = new Map();
+    if (object) Object.keys(object).forEach(function (k) { map.set(k, object[k]); });
+    return map;
+  }
+  function isSet(v) { return v !== null && v !== undefined; }
+
   // ------------------------------------------------------------------ datasets
+  function withConstant(row, constant) {
+    if (constant) Object.keys(constant).forEach(function (key) { row[key] = constant[key]; });
+    return row;
+  }
   function decodeTable(d) {
     var keys = Object.keys(d.columns), n = keys.length ? d.columns[keys[0]].length : 0, rows = new Array(n);
     for (var i = 0; i < n; i++) {
@@ -24,10 +37,8 @@
       for (var r = 0; r < nRows; r++) {
         var level = bytes.charCodeAt(c * nRows + r);
         if (level === 0) continue;
-        var row = {step: d.steps[c], step_end: d.ends[c], low: d.edges[r], high: d.edges[r + 1],
-                   log_fraction: d.floor + (level - 1) * span};
-        for (var key in d.constant) row[key] = d.constant[key];
-        rows.push(row);
+        rows.push(withConstant({step: d.steps[c], step_start: d.starts[c], step_end: d.ends[c], low: d.edges[r],
+                                high: d.edges[r + 1], log_fraction: d.floor + (level - 1) * span}, d.constant));
       }
     }
     return rows;
@@ -38,24 +49,45 @@
       for (var c = 0; c < nCols; c++) {
         var v = d.values[i * nCols + c];
         if (v === null) continue;
-        rows.push({tensor: d.rows[i], step: d.steps[c], step_end: d.ends[c], value: v});
+        rows.push(withConstant({tensor: d.rows[i], step: d.steps[c], step_start: d.starts[c], step_end: d.ends[c],
+                                value: v}, d.constant));
       }
     }
     return rows;
   }
-  var decoders = {table: decodeTable, grid: decodeGrid, matrix: decodeMatrix};
+  var decoders = new Map([["table", decodeTable], ["grid", decodeGrid], ["matrix", decodeMatrix]]);
   function decode(d) {
-    var f = decoders[d.format];
+    var f = decoders.get(d.format);
     if (!f) throw new Error("unknown dataset format " + d.format);
     return f(d);
   }
+
+  // ------------------------------------------------------------------ tooltips
+  // vega-tooltip's own formatter reads a key `image` as a picture to load (an <img> request) and
+  // `title` as a heading; tooltip keys may be names from the run, so every key is a plain row of
+  // escaped text here.
+  function escapeHtml(value) {
+    return String(value).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;")
+      .replace(/"/g, "&quot;").replace(/'/g, "&#39;");
+  }
+  function tooltipValue(value) {
+    return value !== null && typeof value === "object" ? JSON.stringify(value) : String(value);
+  }
+  function formatTooltip(value) {
+    if (value === null || typeof value !== "object" || Array.isArray(value)) return escapeHtml(tooltipValue(value));
+    var rows = Object.keys(value).filter(function (k) { return value[k] !== undefined; }).map(function (k) {
+      return '<tr><td class="key">' + escapeHtml(k) + '</td><td class="value">' + escapeHtml(tooltipValue(value[k])) + "</td></tr>";
+    });
+    return "<table>" + rows.join("") + "</table>";
+  }
+  var EMBED_OPTIONS = {actions: false, renderer: "canvas", logLevel: vega.Warn, tooltip: {formatTooltip: formatTooltip}};
 
   // ------------------------------------------------------------------ charts
   function embed(el, spec, data) {
     var full = JSON.parse(JSON.stringify(spec));
     full.datasets = {};
-    for (var name in data) full.datasets[name] = decode(data[name]);
-    return vegaEmbed(el, full, {actions: false, renderer: "canvas", logLevel: vega.Warn}).then(function (result) {
+    Object.keys(data).forEach(function (name) { full.datasets[name] = decode(data[name]); });
+    return vegaEmbed(el, full, EMBED_OPTIONS).then(function (result) {
       el.setAttribute("data-rendered", "1");
       return result.view;
     }).catch(function (err) {
@@ -122,124 +154,178 @@
   // ------------------------------------------------------------------ explorer
   var collator = new Intl.Collator(undefined, {numeric: true});
   function natural(a, b) { return collator.compare(a, b); }
+  function text(tag, cls, value) {
+    var el = document.createElement(tag);
+    if (cls) el.className = cls;
+    el.textContent = value;
+    return el;
+  }
+  // The tree is HTML, its names text: the browser's find, copying and screen readers reach them,
+  // and a long name wraps instead of being cut. Loops, not recursion: a name may have many dots.
   function setupExplorer() {
-    var nodes = payload.nodes, byId = {}, kids = {}, folded = {}, selected = null, query = "";
-    nodes.forEach(function (n) { byId[n.id] = n; kids[n.id] = []; });
-    nodes.forEach(function (n) { if (n.parent !== null && n.parent !== undefined) kids[n.parent].push(n.id); });
-    function firstCall(id) {  // siblings in the order they were first called, when recorded
-      var best = byId[id].call_order;
-      kids[id].forEach(function (k) { var o = firstCall(k); if (o !== null && o !== undefined && (best === null || best === undefined || o < best)) best = o; });
-      byId[id]._order = best;
-      return best;
+    var nodes = payload.nodes, byId = new Map(), kids = new Map(), folded = new Set(), items = new Map();
+    var owned = toMap(payload.owned), tensors = toMap(payload.tensors), selected = null, query = "";
+    nodes.forEach(function (n) { byId.set(n.id, n); kids.set(n.id, []); });
+    nodes.forEach(function (n) { if (isSet(n.parent) && kids.has(n.parent)) kids.get(n.parent).push(n.id); });
+    function preorder() {  // every node below the root, parents first, siblings in order
+      var out = [], stack = [""];
+      while (stack.length) {
+        var id = stack.pop(), k = kids.get(id);
+        out.push(id);
+        for (var i = k.length - 1; i >= 0; i--) stack.push(k[i]);
+      }
+      return out;
     }
-    firstCall("");
-    Object.keys(kids).forEach(function (id) {
-      kids[id].sort(function (a, b) {
-        var oa = byId[a]._order, ob = byId[b]._order;
-        if (oa === null || oa === undefined || ob === null || ob === undefined) return natural(byId[a].label, byId[b].label);
-        return oa - ob;
+    // siblings in the order they were first called, when recorded (a parent: its first child's call)
+    var firstCall = new Map();
+    preorder().reverse().forEach(function (id) {
+      var best = typeof byId.get(id).call_order === "number" ? byId.get(id).call_order : null;
+      kids.get(id).forEach(function (k) { var o = firstCall.get(k); if (o !== null && (best === null || o < best)) best = o; });
+      firstCall.set(id, best);
+    });
+    kids.forEach(function (list) {
+      list.sort(function (a, b) {
+        var oa = firstCall.get(a), ob = firstCall.get(b);
+        return oa === null || ob === null ? natural(byId.get(a).label, byId.get(b).label) : oa - ob;
       });
     });
-    function depth(id) { var d = 0; while (byId[id].parent !== null && byId[id].parent !== undefined) { id = byId[id].parent; d++; } return d; }
-    if (nodes.length > 80) nodes.forEach(function (n) { if (kids[n.id].length && depth(n.id) >= 2) folded[n.id] = true; });
-    function matches(id) { return query && id.toLowerCase().indexOf(query) >= 0; }
-    function subtreeMatches(id) { return matches(id) || kids[id].some(subtreeMatches); }
-    function tooltip(n) {
-      var t = {module: n.id || "(root)"};
-      if (n.type) t.type = n.type;
-      if (n.extra_repr) t.extra_repr = n.extra_repr;
+    var order = preorder(), depth = new Map([["", 0]]);
+    order.forEach(function (id) { kids.get(id).forEach(function (k) { depth.set(k, depth.get(id) + 1); }); });
+    if (nodes.length > 80) order.forEach(function (id) { if (kids.get(id).length && depth.get(id) >= 2) folded.add(id); });
+
+    function hoverText(n) {  // the title attribute: the full name first, then what the module holds
+      var lines = [n.id === "" ? "(root) " + n.label : n.id];
+      if (n.type) lines.push("type: " + n.type);
+      if (n.extra_repr) lines.push("extra_repr: " + n.extra_repr);
       var params = Object.keys(n.parameters || {});
-      if (params.length) t.parameters = params.map(function (p) { return p + " [" + n.parameters[p].join(", ") + "]"; }).join(", ");
-      if (n.call_order !== null && n.call_order !== undefined) t["call order"] = n.call_order;
-      var owned = payload.owned[n.id] || [];
-      if (owned.length) t.tensors = owned.length + (owned.length === 1 ? " tensor" : " tensors");
-      owned.forEach(function (name) {
-        var info = payload.tensors[name];
-        if (info && info.shape && info.shape.length) t[name] = "shape [" + info.shape.join(", ") + "]";
-        else if (info && info.stats && info.stats.numel !== undefined) t[name] = info.stats.numel + " values";
+      if (params.length) lines.push("parameters: " + params.map(function (p) { return p + " [" + n.parameters[p].join(", ") + "]"; }).join(", "));
+      if (isSet(n.call_order)) lines.push("call order: " + n.call_order);
+      (owned.get(n.id) || []).forEach(function (name) {
+        var info = tensors.get(name), what = "";
+        if (info && info.shape && info.shape.length) what = "shape [" + info.shape.join(", ") + "]";
+        else if (info && info.stats && info.stats.numel !== undefined) what = info.stats.numel + " values";
+        lines.push(name + (what ? ": " + what : ""));
       });
-      if (folded[n.id]) t.folded = kids[n.id].length + " children";
-      return t;
-    }
-    function visible() {
-      var out = [], matched = 0;
-      (function walk(id) {
-        var n = byId[id], m = matches(id);
-        if (m) matched++;
-        // a leaf shows its type; an inner node only its name (the type is in its tooltip and details)
-        var leaf = !kids[id].length || folded[id];
-        var text = n.label + (leaf && n.type ? "  " + n.type : "") + (folded[id] ? "  +" + kids[id].length : "");
-        // d3's stratify takes an empty parent id for "no parent": prefix the ids (the root's is "")
-        out.push({id: id, key: "m:" + id, pkey: n.parent === null || n.parent === undefined ? null : "m:" + n.parent, text: text, folded: !!folded[id], selected: id === selected,
-                  match: m, dim: !!query && !m, tooltip: tooltip(n)});
-        if (!folded[id]) kids[id].forEach(walk);
-      })("");
-      return {rows: out, matched: matched};
+      var k = kids.get(n.id).length;
+      if (k) lines.push(k + (k === 1 ? " child" : " children"));
+      return lines.join("\n");
     }
     var treeEl = document.getElementById("tl-tree"), count = document.querySelector(".tl-tree-pane .tl-filter-count");
-    var spec = JSON.parse(JSON.stringify(payload.tree_spec)), treeView = null;
-    function redraw() {
-      var v = visible(), leaves = v.rows.filter(function (r) { return r.folded || !kids[r.id].length; }).length;
-      var maxDepth = 0;
-      v.rows.forEach(function (r) { maxDepth = Math.max(maxDepth, depth(r.id)); });
-      count.textContent = query ? v.matched + " match" + (v.matched === 1 ? "" : "es") : nodes.length + " modules";
-      // levels 70-130 px apart, as the pane allows (not stretched: a shallow tree stays compact)
-      var room = treeEl.clientWidth - 24 - 220;
-      var step = Math.max(70, Math.min(130, Math.floor(room / Math.max(maxDepth, 1))));
-      var width = Math.max(step * maxDepth + 220, 320);
-      // labels of inner nodes sit above their node and get the room up to the next level
-      return treeView.width(width).height(Math.max(60, 24 * leaves))
-        .signal("innerLimit", step - 12)
-        .data("nodes", v.rows).runAsync();
-    }
-    function attach(view) {
-      treeView = view;
-      view.addEventListener("click", function (event, item) {
-        if (!item || !item.datum || item.datum.id === undefined) return;
-        var id = item.datum.id;
-        if (item.mark && item.mark.name === "circle" && kids[id].length) folded[id] = !folded[id];
-        else select(id);
-        redraw();
-      });
-      return redraw();
-    }
-    document.querySelector(".tl-search").addEventListener("input", function (e) {
-      query = e.target.value.trim().toLowerCase();
-      if (query) nodes.forEach(function (n) { if (kids[n.id].length) folded[n.id] = !subtreeMatches(n.id); });
-      redraw();
+    var rootList = document.createElement("ul");
+    rootList.className = "tl-tree-list";
+    order.forEach(function (id) {
+      var n = byId.get(id), li = document.createElement("li"), row = document.createElement("div");
+      var toggle = document.createElement("button"), name = text("span", "tl-name", n.label);
+      li.setAttribute("role", "treeitem");
+      row.className = "tl-node";
+      row.title = hoverText(n);
+      row._tlId = id;
+      toggle.type = "button";
+      toggle.className = "tl-fold";
+      if (!kids.get(id).length) { toggle.disabled = true; toggle.tabIndex = -1; toggle.setAttribute("aria-hidden", "true"); }
+      name.tabIndex = 0;
+      name.setAttribute("role", "button");
+      row.appendChild(toggle);
+      row.appendChild(name);
+      if (n.type) row.appendChild(text("span", "tl-type", n.type));
+      var mine = (owned.get(id) || []).length;
+      if (mine) row.appendChild(text("span", "tl-tensors", mine + (mine === 1 ? " tensor" : " tensors")));
+      var more = row.appendChild(text("span", "tl-more", ""));
+      li.appendChild(row);
+      var list = null;
+      if (kids.get(id).length) {
+        list = li.appendChild(document.createElement("ul"));
+        list.setAttribute("role", "group");
+      }
+      (id === "" ? rootList : items.get(n.parent).list).appendChild(li);
+      items.set(id, {li: li, row: row, toggle: toggle, more: more, list: list});
     });
-    document.querySelector(".tl-search").addEventListener("keydown", function (e) {
+    treeEl.appendChild(rootList);
+
+    function matches(id) { return !!query && id.toLowerCase().indexOf(query) >= 0; }
+    function update() {
+      var matched = 0;
+      items.forEach(function (it, id) {
+        var m = matches(id), isFolded = folded.has(id);
+        if (m) matched++;
+        if (it.list) {
+          it.list.hidden = isFolded;
+          it.li.setAttribute("aria-expanded", String(!isFolded));
+          it.toggle.textContent = isFolded ? "\u25b8" : "\u25be";
+          it.toggle.setAttribute("aria-label", isFolded ? "unfold" : "fold");
+          it.more.textContent = isFolded ? "+" + kids.get(id).length : "";
+        }
+        it.li.setAttribute("aria-selected", String(id === selected));
+        it.row.classList.toggle("tl-selected", id === selected);
+        it.row.classList.toggle("tl-match", m);
+        it.row.classList.toggle("tl-dim", !!query && !m);
+      });
+      count.textContent = query ? matched + " match" + (matched === 1 ? "" : "es") : nodes.length + " modules";
+    }
+    function shown(id) {  // not inside a folded module
+      for (var p = byId.get(id).parent; isSet(p); p = byId.get(p).parent) if (folded.has(p)) return false;
+      return true;
+    }
+    treeEl.addEventListener("click", function (e) {
+      var row = e.target.closest(".tl-node");
+      if (!row) return;
+      if (e.target.closest(".tl-fold")) {
+        if (folded.has(row._tlId)) folded.delete(row._tlId); else folded.add(row._tlId);
+        update();
+      } else if (!String(window.getSelection())) {  // not the end of selecting text to copy
+        select(row._tlId);
+        update();
+      }
+    });
+    treeEl.addEventListener("keydown", function (e) {
+      if ((e.key !== "Enter" && e.key !== " ") || !e.target.classList.contains("tl-name")) return;
+      e.preventDefault();
+      select(e.target.parentNode._tlId);
+      update();
+    });
+    var search = document.querySelector(".tl-search");
+    search.addEventListener("input", function (e) {
+      query = e.target.value.trim().toLowerCase();
+      if (query) {  // unfold the way to every match, fold the rest
+        var below = new Map();
+        order.slice().reverse().forEach(function (id) {
+          below.set(id, kids.get(id).some(function (k) { return matches(k) || below.get(k); }));
+          if (kids.get(id).length) { if (below.get(id)) folded.delete(id); else folded.add(id); }
+        });
+      }
+      update();
+    });
+    search.addEventListener("keydown", function (e) {
       if (e.key !== "Enter" || !query) return;
-      var first = visible().rows.filter(function (r) { return r.match; })[0];
-      if (first) { select(first.id); redraw(); }
+      var first = order.filter(function (id) { return matches(id) && shown(id); })[0];
+      if (isSet(first)) { select(first); update(); items.get(first).row.scrollIntoView({block: "nearest"}); }
     });
     document.querySelectorAll(".tl-tree-tools button").forEach(function (b) {
       b.addEventListener("click", function () {
         var fold = b.getAttribute("data-action") === "collapse";
-        nodes.forEach(function (n) { if (kids[n.id].length && n.id !== "") folded[n.id] = fold; });
-        redraw();
+        order.forEach(function (id) { if (kids.get(id).length && id !== "") { if (fold) folded.add(id); else folded.delete(id); } });
+        update();
       });
     });
-    function text(tag, cls, value) {
-      var el = document.createElement(tag);
-      if (cls) el.className = cls;
-      el.textContent = value;
-      return el;
-    }
-    function chartInto(parent, template, data, title, eager) {
+    function chartInto(parent, template, data, title) {
       var spec = JSON.parse(JSON.stringify(payload.templates[template]));
       spec.title = {text: title, anchor: "start", fontSize: 11, limit: 600};
       var el = document.createElement("div");
       el.className = "tl-chart";
       parent.appendChild(el);
-      var p = embed(el, spec, {values: data}).then(function (v) { views["m" + Object.keys(views).length] = v; });
+      var key = "m" + (chartCount++);
+      var p = embed(el, spec, {values: data}).then(function (v) {
+        if (el.isConnected) { views[key] = v; shownCharts.push(key); } else v.finalize();  // another module was picked meanwhile
+      });
       pendingCharts.push(p);
       return el;
     }
-    var pendingCharts = [];
+    var pendingCharts = [], shownCharts = [], chartCount = 0;
     function select(id) {
       selected = id;
-      var n = byId[id], detail = document.getElementById("tl-detail");
+      var n = byId.get(id), detail = document.getElementById("tl-detail");
+      shownCharts.forEach(function (key) { views[key].finalize(); delete views[key]; });  // their listeners and timers too
+      shownCharts = [];
       detail.textContent = "";
       pendingCharts = [];
       detail.appendChild(text("h2", "", n.id || "(root) " + n.label));
@@ -248,11 +334,11 @@
       Object.keys(n.parameters || {}).forEach(function (p) {
         detail.appendChild(text("div", "tl-kv", "parameter " + p + ": [" + n.parameters[p].join(", ") + "]"));
       });
-      var owned = payload.owned[id] || [];
-      if (!owned.length) detail.appendChild(text("p", "tl-note", "No tensor of this module was recorded" +
-        (kids[id].length ? "; its children's are (click one in the tree)." : ".")));
-      owned.forEach(function (name) {
-        var info = payload.tensors[name];
+      var mine = owned.get(id) || [];
+      if (!mine.length) detail.appendChild(text("p", "tl-note", "No tensor of this module was recorded" +
+        (kids.get(id).length ? "; its children's are (click one in the tree)." : ".")));
+      mine.forEach(function (name) {
+        var info = tensors.get(name);
         detail.appendChild(text("h3", "", name));
         var stats = Object.keys(info.stats);
         if (stats.length) {
@@ -279,15 +365,20 @@
       });
       explorerState.charts = Promise.all(pendingCharts);
     }
-    var explorerState = {select: function (id) { select(id); return redraw().then(function () { return explorerState.charts; }).then(function () { return id; }); },
-                         charts: Promise.resolve(), redraw: function () { return redraw().then(function () { return true; }); }};
+    var explorerState = {
+      select: function (id) { select(id); update(); return explorerState.charts.then(function () { return id; }); },
+      charts: Promise.resolve(),
+      redraw: function () { update(); return Promise.resolve(true); },
+      rows: function () {  // what the tree shows now, for tests: [id, label, folded, matched]
+        return order.filter(shown).map(function (id) { return [id, byId.get(id).label, folded.has(id), matches(id)]; });
+      },
+    };
     // open on the first module that owns tensors, so the page is never empty
-    var start = nodes.filter(function (n) { return (payload.owned[n.id] || []).length && n.id !== ""; })[0];
-    if (start) select(start.id); else select("");
-    explorerState.ready = vegaEmbed(treeEl, spec, {actions: false, renderer: "canvas", logLevel: vega.Warn})
-      .then(function (result) { explorerState.tree = result.view; treeEl.setAttribute("data-rendered", "1"); return attach(result.view); })
-      .then(function () { return explorerState.charts; }).then(function () { return true; })
-      .catch(function (err) { errors.push(String(err)); treeEl.textContent = "The tree could not be drawn: " + err; throw err; });
+    var start = order.filter(function (id) { return id !== "" && (owned.get(id) || []).length; })[0];
+    select(isSet(start) ? start : "");
+    update();
+    treeEl.setAttribute("data-rendered", "1");
+    explorerState.ready = explorerState.charts.then(function () { return true; });
     return explorerState;
   }
 
