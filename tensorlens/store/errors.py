@@ -17,5 +17,13 @@ class CorruptRunError(ValueError):
 
     def __init__(self, path: str, problem: str, table: str | None = None, where: str | None = None) -> None:
         self.path, self.problem, self.table, self.where = path, problem, table, where
-        place = ", ".join(p for p in (f"table {table}" if table else None, where) if p)
-        super().__init__(f"corrupt run store {path}{f' ({place})' if place else ''}: {problem}")
+        place = ", ".join(p for p in (f"table {table}" if table else None, _brief(where)) if p)
+        super().__init__(f"corrupt run store {path}{f' ({place})' if place else ''}: {_brief(problem, 1000)}")
+
+
+def _brief(text: str | None, limit: int = 300) -> str | None:
+    """``text`` cut to ``limit`` characters: a hostile store's values (a mode, a worker, a name)
+    may be megabytes, and the message is one line for a person."""
+    if text is None or len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"

@@ -286,3 +286,16 @@ def test_a_huge_schema_version_is_named_briefly(run: Path) -> None:
     with pytest.raises(tl.CorruptRunError, match="schema 9{40}; this tensorlens") as raised:
         tl.open_run(str(run))
     assert len(str(raised.value)) < 500
+
+
+def test_megabytes_of_a_hostile_value_make_a_short_message(run: Path) -> None:
+    """A worker name of 5 MB in a steps row with a valid checksum: the error says where, briefly."""
+    db = sqlite3.connect(run / "tensorlens.sqlite")
+    with db:
+        db.execute("DELETE FROM steps WHERE mode_step = 1")
+        db.execute(insert("steps"), with_checksum("bogus", 1, "w" * 5_000_000, 1, 2.0, 1, 1, 1))
+    db.close()
+    with tl.open_run(str(run)) as opened, pytest.raises(tl.CorruptRunError, match="mode 'bogus' is not one of") as raised:
+        opened.steps()
+    assert len(str(raised.value)) < 2000 and "characters)" in str(raised.value)
+    assert len(raised.value.where or "") > 5_000_000  # the whole place stays on the exception
