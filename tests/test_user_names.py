@@ -43,7 +43,7 @@ def test_a_catastrophic_pattern_is_matched_once_per_name_and_warned_about_once(t
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         hook = tl.Hook(out_dir=tmp_path / "run", backends=[memory], save_config=tl.SaveConfig(save_interval=1),
-                       include_collections=["weights", "gradients", "activations"])
+                       include_collections=["weights", "gradients"])  # include() enables activations
         hook.get_collection("activations").include(CATASTROPHIC, "_y$")
         hook.register_module(model)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)

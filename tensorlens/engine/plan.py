@@ -66,9 +66,9 @@ class Planner:
         """The collection called ``name``, created (as a custom collection) if new. Configuring a
         collection (``include``) enables it; built-ins are also enabled by ``include_collections``."""
         if name not in self._collections:
-            self._collections[name] = Collection(name, on_change=self.changed)
+            self._collections[name] = Collection(name, on_change=self._collection_changed)
         collection = self._collections[name]
-        collection.on_change = self.changed
+        collection.on_change = self._collection_changed
         if collection.patterns or not collection.builtin:
             self._enabled.add(name)
         self.changed()
@@ -102,6 +102,14 @@ class Planner:
 
     def is_enabled(self, name: str) -> bool:
         return name in self._enabled
+
+    def _collection_changed(self) -> None:
+        """A collection from :meth:`get_collection` changed: one given patterns since
+        (``get_collection("activations").include(...)``) is enabled, as documented."""
+        for name, collection in self._collections.items():
+            if collection.patterns and collection.kinds:
+                self._enabled.add(name)
+        self.changed()
 
     def changed(self) -> None:
         """Forget what was derived from the collections (called on every change)."""
