@@ -117,3 +117,56 @@ def test_names_from_the_store_reach_the_terminal_escaped(tmp_path: Any, capsys: 
     code, out, _ = _main(["compare", a, b], capsys)
     assert code == 0 and f"{ESCAPED}/nan_count: step 0" in out and "weights/\\x1b[31mred" in out
     assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out and "\nFAKE" not in out
+
+
+def _stderr_on_a_terminal(*args: str) -> tuple[int, str, str]:
+    """``python -m tensorlens ARGS`` with stderr on a pseudo-terminal (where progress goes) and
+    stdout on a pipe: returns the exit code, stdout and what the terminal got."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import struct
+    import subprocess
+    import sys
+    import tempfile
+    import termios
+    import time
+
+    master, slave = pty.openpty()
+    # a new terminal is 0 columns wide until told, and a bar 0 columns wide prints nothing
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 120, 0, 0))
+    with tempfile.TemporaryFile() as stdout:
+        proc = subprocess.Popen([sys.executable, "-m", "tensorlens", *args], stdout=stdout, stderr=slave,
+                                env={**os.environ, "TERM": "xterm"})
+        os.close(slave)
+        chunks = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # read while it runs: a closed terminal's unread output is lost
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # EIO: the child closed the terminal
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+            elif proc.poll() is not None:
+                break
+        proc.wait(timeout=60)
+        os.close(master)
+        stdout.seek(0)
+        out = stdout.read().decode()
+    return proc.returncode, out, b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_progress_on_a_terminal_only(runs: tuple[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, terminal = _stderr_on_a_terminal("compare", runs[0], runs[1])
+    assert code == 0 and "statistics differ" in out and "comparing" in terminal and "record" in terminal
+    assert "comparing" not in out
+    code, out, terminal = _stderr_on_a_terminal("rules", runs[0])
+    assert code == 0 and "ExplodingTensor: no finding" in out and "checking" in terminal
+    for args in (["compare", runs[0], runs[1]], ["rules", runs[0]]):  # stderr not a terminal: nothing there
+        code, out, err = _main(args, capsys)
+        assert code == 0 and out and err == ""
