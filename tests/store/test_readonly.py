@@ -8,6 +8,7 @@ traverse.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -26,6 +27,7 @@ NOBODY = 65534
 DATA = Path(__file__).parent / "data"
 
 
+@functools.cache
 def _can_drop_privileges() -> bool:
     if sys.platform == "win32" or os.geteuid() != 0 or shutil.which("setpriv") is None:
         return False
@@ -37,10 +39,13 @@ def _as_nobody(argv: list[str]) -> list[str]:
     return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv]
 
 
-pytestmark = [
-    pytest.mark.timeout(300),
-    pytest.mark.skipif(not _can_drop_privileges(), reason="needs root and setpriv to read as an unprivileged user"),
-]
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(autouse=True)
+def _unprivileged() -> None:
+    if not _can_drop_privileges():
+        pytest.skip("needs root and setpriv to read as an unprivileged user")
 
 
 @pytest.fixture
