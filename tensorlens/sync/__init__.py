@@ -6,7 +6,7 @@
 See :mod:`tensorlens.sync.replay` (what is sent, in which order, how a second sync continues),
 :mod:`tensorlens.sync.state` (what was sent where, kept beside the run store, which sync only
 reads), :mod:`tensorlens.sync.lock` (one sync per run and destination),
-:mod:`tensorlens.sync.signals` (SIGTERM) and :mod:`tensorlens.sync.target`.
+:mod:`tensorlens.sync.signals` (SIGTERM, Ctrl-C) and :mod:`tensorlens.sync.target`.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ Idempotent and resumable: what reached the tracker is recorded in the sync state
 run store (:mod:`tensorlens.sync.state`; the store itself is only read, through the reader) at
 checkpoints (every ``checkpoint_every`` records: the backend is flushed, then the progress
 committed), at the end, and when the sync stops on an error, Ctrl-C or SIGTERM
-(:mod:`tensorlens.sync.signals`). A second sync sends only the records after the last ones
+(:mod:`tensorlens.sync.signals`: between two records). A second sync sends only the records after the last ones
 marked; only a hard kill (``kill -9``) leaves the records written since the last checkpoint
 unmarked, to be sent again. Records already sent are given to :meth:`Backend.restore` instead,
 so charts built across steps continue where the earlier session stopped. One sync of a run to a
@@ -41,7 +41,7 @@ from tensorlens.store.reader import Run, open_run
 from tensorlens.store.schema import store_files
 from tensorlens.sync.errors import SyncBusyError, SyncError, SyncTerminated
 from tensorlens.sync.lock import SyncLock
-from tensorlens.sync.signals import Termination, stop_on_sigterm
+from tensorlens.sync.signals import Termination, stop_on_signals
 from tensorlens.sync.state import Progress, SyncState, TargetState, locate, make_folder
 from tensorlens.sync.target import SyncTarget, create_target
 
@@ -130,7 +130,7 @@ def sync_run(
         what = f"{os.path.normpath(path)} to {target.key}"
         with (
             SyncLock(location.folder, f"{location.name}\0{target.key}", what), _environment(target.environment()),
-            stop_on_sigterm() as termination, SyncState(location.path, location.seeds) as state,
+            stop_on_signals() as termination, SyncState(location.path, location.seeds) as state,
         ):
             return _Replay(stored, state, target, path, checkpoint_every, progress, termination).run(new_run)
 
@@ -255,7 +255,7 @@ class _Replay:
                     check("")
                 session.write(record)
                 advance()
-                check("")  # SIGTERM: between two records, never inside one
+                check("")  # SIGTERM, Ctrl-C: between two records, never inside one
                 if session.since_checkpoint >= self.checkpoint_every:
                     session.checkpoint()
             while findings:

@@ -1,12 +1,16 @@
-"""SIGTERM during a sync: stop between two records and keep what was sent, as Ctrl-C does.
+"""SIGTERM and Ctrl-C during a sync: stop between two records and keep what was sent.
 
 By default SIGTERM ends the process at once, like ``kill -9``: the records sent since the last
-checkpoint are not marked and the next sync sends them again. While a sync runs in the main
-thread (and nobody else has a SIGTERM handler), :func:`stop_on_sigterm` notes the signal instead;
-the replay checks :meth:`Termination.check` after each record and raises
-:class:`~tensorlens.sync.errors.SyncTerminated` there, never in the middle of a record a tracker
-is half-way through. Later SIGTERMs are ignored while the sync saves its progress and closes the
-tracker run (bounded: see the targets' network timeouts); the handler is restored afterwards.
+checkpoint are not marked and the next sync sends them again; and Ctrl-C raises wherever the
+program is, possibly half-way through a record a tracker has partly written (its points would
+be sent again with the rest of it next time). While a sync runs in the main thread,
+:func:`stop_on_signals` notes either signal instead (where the program has not set a handler of
+its own); the replay calls :meth:`Termination.check` after each record, which raises there:
+:class:`~tensorlens.sync.errors.SyncTerminated` for SIGTERM, ``KeyboardInterrupt`` for Ctrl-C.
+The sync then saves its progress and closes the tracker run. A second Ctrl-C raises at once (a
+tracker that does not answer); later SIGTERMs are ignored while it saves (bounded: see the
+targets' network timeouts). A signal noted after the last record still ends the sync that way,
+once it is complete. The handlers are restored afterwards.
 """
 
 from __future__ import annotations
@@ -21,29 +25,46 @@ from tensorlens.sync.errors import SyncTerminated
 
 
 class Termination:
-    """Whether SIGTERM arrived; :meth:`check` raises :class:`SyncTerminated` once it has."""
+    """The signal that arrived, if any; :meth:`check` raises once one has."""
 
     def __init__(self) -> None:
-        self.signalled = False
+        self.signal: int | None = None
 
     def check(self, what: str) -> None:
-        if self.signalled:
+        if self.signal == signal.SIGTERM:
             raise SyncTerminated(what)
+        if self.signal == signal.SIGINT:
+            raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
-def stop_on_sigterm() -> Iterator[Termination]:
+def stop_on_signals() -> Iterator[Termination]:
     termination = Termination()
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        yield termination  # a handler of the program's own (or no way to set one): left alone
+    if threading.current_thread() is not threading.main_thread():
+        yield termination  # signals reach the main thread only: nothing to note here
         return
 
-    def noted(signum: int, frame: FrameType | None) -> None:
-        termination.signalled = True
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        if termination.signal is None:
+            termination.signal = signum
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # saving the progress is not cut short
 
-    signal.signal(signal.SIGTERM, noted)
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        if termination.signal is not None:
+            raise KeyboardInterrupt  # the second Ctrl-C: at once
+        termination.signal = signum
+
+    # only where the program left the defaults: a handler of its own is its own business
+    replaced = {}
+    for signum, handler, default in ((signal.SIGTERM, on_sigterm, signal.SIG_DFL),
+                                     (signal.SIGINT, on_sigint, signal.default_int_handler)):
+        previous = signal.getsignal(signum)
+        if previous is default:
+            replaced[signum] = previous
+            signal.signal(signum, handler)
     try:
         yield termination
+        termination.check("tensorlens sync stopped by SIGTERM once it had sent everything; what was sent is recorded")
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for signum, previous in replaced.items():
+            signal.signal(signum, previous)
