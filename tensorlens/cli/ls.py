@@ -3,8 +3,9 @@
 One entry that cannot be read (a dangling store link, a sub-folder that cannot be listed, a
 damaged store) never hides the other runs: its row says ``unreadable``, and a line under the
 table ``unreadable: <run>: <why>`` (a reason can be long; the table stays narrow). "Last write" is
-when the run's data last changed: the store files and their write-ahead logs, never the ``-shm``
-index (a reader maps it and touches it) nor the folder.
+when the run's data last changed: the store files and their write-ahead logs holding frames,
+never the ``-shm`` index (a reader maps it and touches it), an empty ``-wal`` (a reader creates
+one) nor the folder.
 """
 
 from __future__ import annotations
@@ -46,13 +47,15 @@ def _human(size: float) -> str:
 
 def last_write(path: str) -> float:
     """When the run's data last changed: the newest modification time of its store files and
-    their ``-wal``; 0.0 when none can be read."""
+    of their ``-wal`` when it holds anything; 0.0 when none can be read."""
     times = []
     for file in _store_paths(path, _DATA_SUFFIXES):
         try:
-            times.append(os.stat(file).st_mtime)
+            info = os.stat(file)
         except OSError:
-            pass
+            continue
+        if info.st_size or not file.endswith("-wal"):
+            times.append(info.st_mtime)
     return max(times, default=0.0)
 
 
