@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
@@ -10,6 +11,7 @@ from scenarios import Training, mlp, regression_data
 
 click_testing = pytest.importorskip("click.testing")
 
+import tensorlens as tl  # noqa: E402
 from tensorlens.cli import compare as compare_cli  # noqa: E402
 from tensorlens.cli import rules as rules_cli  # noqa: E402
 
@@ -95,7 +97,6 @@ ESCAPED = "gradients/\\x1b[2J\\x1b]52;c;ZXZpbA==\\x07fc\\x0aFAKE\\u202e.weight"
 def _evil_run(path: str, nan: float, extra: bool = False) -> str:
     import numpy as np
 
-    import tensorlens as tl
     from tensorlens.store.writer import RunStoreWriter
 
     names = [(EVIL, "l2"), (EVIL, "nan_count"), (EVIL, "numel")] + ([("weights/\x1b[31mred", "l2")] if extra else [])
@@ -119,11 +120,14 @@ def test_names_from_the_store_reach_the_terminal_escaped(tmp_path: Any, capsys: 
     assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out and "\nFAKE" not in out
 
 
+#: The checkout whose tensorlens this test imported: a subprocess runs the same code.
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(tl.__file__)))
+
+
 def _stderr_on_a_terminal(*args: str) -> tuple[int, str, str]:
     """``python -m tensorlens ARGS`` with stderr on a pseudo-terminal (where progress goes) and
     stdout on a pipe: returns the exit code, stdout and what the terminal got."""
     import fcntl
-    import os
     import pty
     import select
     import struct
@@ -138,7 +142,7 @@ def _stderr_on_a_terminal(*args: str) -> tuple[int, str, str]:
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 120, 0, 0))
     with tempfile.TemporaryFile() as stdout:
         proc = subprocess.Popen([sys.executable, "-m", "tensorlens", *args], stdout=stdout, stderr=slave,
-                                env={**os.environ, "TERM": "xterm"})
+                                env={**os.environ, "TERM": "xterm", "PYTHONPATH": CHECKOUT})
         os.close(slave)
         chunks = []
         deadline = time.monotonic() + 120
