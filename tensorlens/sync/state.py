@@ -78,6 +78,7 @@ class StateLocation:
     folder: str  # the state file and the destinations' lock files
     name: str  # the state file's name
     seeds: tuple[str, ...]  # read first time only, read-only: a state the user cannot write, the store's own tables
+    private: bool = False  # the user's own state folder (the run folder is not writable)
 
     @property
     def path(self) -> str:
@@ -105,7 +106,7 @@ def locate(store_file: str) -> StateLocation:
         return StateLocation(local, name, (store_file,))
     own = os.path.join(local, name)
     seeds = ((own,) if os.path.isfile(own) else ()) + (store_file,)
-    return StateLocation(user_state_folder(run_folder), name, seeds)
+    return StateLocation(user_state_folder(run_folder), name, seeds, private=True)
 
 
 def user_state_folder(run_folder: str) -> str:
@@ -123,11 +124,10 @@ def _writable(folder: str) -> bool:
 
 def make_folder(location: StateLocation, run: str) -> None:
     """Create the state folder (private to the user when it is not in the run), or say why not."""
-    private = not location.folder.endswith(os.sep + STATE_FOLDER)
     try:
-        os.makedirs(location.folder, mode=0o700 if private else 0o777, exist_ok=True)
+        os.makedirs(location.folder, mode=0o700 if location.private else 0o777, exist_ok=True)
     except OSError as err:
-        where = "the run folder is not writable, and " if private else ""
+        where = "the run folder is not writable, and " if location.private else ""
         raise PermissionError(
             f"tensorlens sync keeps what it sent of {run} in {location.folder}, but {where}it cannot be created "
             f"({err.strerror or err}); set XDG_STATE_HOME to a folder you can write"

@@ -341,3 +341,27 @@ def test_a_store_damaged_midway_is_one_error_line_and_what_was_sent_stays_sent(t
     with SyncState(locate(os.path.join(run_dir, "tensorlens.sqlite")).path) as state:
         (target,) = state.targets()
         assert state.progress(target.target)  # the records before the damage are marked as sent
+
+
+def test_another_users_sync_continues_from_the_state_in_the_run_folder(shared_tmp: str) -> None:
+    """Root synced the run (its state in RUN/sync, which others may only read); another user's
+    sync of the run to the same destination continues from there, its state in its own folder."""
+    needs_nobody()
+    run_dir = train(os.path.join(shared_tmp, "runs"), ["local"], steps=4)
+    logdir, home = os.path.join(shared_tmp, "tb"), os.path.join(shared_tmp, "home")
+    first = sync_run(run_dir, "tensorboard", logdir=logdir, progress=False)
+    train(run_dir, ["local"], steps=4, resume="allow", seed=1)
+    total = records_of(run_dir)
+    os.mkdir(home)
+    for folder in (home, logdir, os.path.join(logdir, first.run_id)):
+        os.chmod(folder, 0o777)
+    for name in os.listdir(os.path.join(logdir, first.run_id)):
+        os.chmod(os.path.join(logdir, first.run_id, name), 0o666)
+    mine = locate(os.path.join(run_dir, "tensorlens.sqlite")).path
+    before = fingerprint(mine)
+    done = cli("sync", run_dir, "--to", "tensorboard", "--logdir", logdir, "--no-progress", user=NOBODY,
+               cwd=shared_tmp, XDG_STATE_HOME=home, HOME=home)
+    assert done.returncode == 0, done.stderr
+    assert f"{total - first.records_sent} new records" in done.stdout and f"continued run {first.run_id}" in done.stdout
+    assert fingerprint(mine) == before  # root's state is only read
+    each_event_once(the_one_folder(logdir))
