@@ -16,9 +16,12 @@ It needs ``click`` (and uses ``tqdm`` for progress bars): ``pip install 'tensorl
 Adding a subcommand: write ``tensorlens/cli/<name>.py``
 holding a ``click`` command called ``command`` (see ``show.py`` for the conventions: a docstring
 as help, errors raised as ordinary exceptions or ``click.ClickException``, output through
-``click.echo``, tables through :mod:`tensorlens.cli.table`), then add one line to
-:data:`COMMANDS`. Modules are imported only when their command runs, so ``tensorlens --help``
-stays fast and a subcommand's own optional dependencies are imported inside it. Exit codes:
+:func:`tensorlens.cli.table.echo` or :func:`tensorlens.cli.group.echo_lines` and tables through
+:mod:`tensorlens.cli.table`, which escape terminal control characters in names read from stores,
+files through :func:`tensorlens.cli.output.open_output`), then add one line to :data:`COMMANDS`.
+Modules are imported only when their command runs, so ``tensorlens --help`` stays fast and a
+subcommand's own optional dependencies are imported inside it; a command that reads stores
+imports no torch. Exit codes:
 0 success, 1 an error (printed as ``Error: ...``, no traceback unless ``TENSORLENS_DEBUG=1``),
 2 a usage error, 130 interrupted, 141 the reader of the output went away (``| head``).
 """
