@@ -17,8 +17,6 @@ import time
 import pytest
 from conftest import ENV, HOSTILE_NAMES, write_store
 
-from tensorlens.cli.table import cell, format_table, printable
-
 #: What a terminal acts on rather than shows (newline aside): C0, DEL, C1, bidi overrides and isolates.
 ACTIVE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
@@ -62,6 +60,8 @@ def assert_inert(text: str) -> None:
 
 
 def test_printable_escapes_each_class() -> None:
+    from tensorlens.cli.table import cell, format_table, printable
+
     assert printable("a\x1b]52;c;eA==\x07b") == "a\\x1b]52;c;eA==\\x07b"  # C0: ESC, BEL
     assert printable("x\ry\tz\x00") == "x\\x0dy\\x09z\\x00"
     assert printable("\x7f\x9b\x85") == "\\x7f\\x9b\\x85"  # DEL, C1 CSI, NEL
