@@ -24,6 +24,7 @@ import cProfile
 import json
 import os
 import pstats
+import resource
 import shutil
 import sys
 import tempfile
@@ -115,7 +116,9 @@ def main() -> None:
             pstats.Stats(profile).sort_stats("cumulative").print_stats(30)
             return
         times = measure(folder)
-        report = {"tensors": tensors, "steps": steps, "store_mb": size / 1e6, "build_s": built}
+        # the peak of this whole process (the build too): flat in --steps when reading streams
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        report = {"tensors": tensors, "steps": steps, "store_mb": size / 1e6, "build_s": built, "peak_rss_mb": peak}
         for key, seconds in times.items():
             report[f"{key}_s"] = seconds
             report[f"{key}_ms_per_step"] = 1e3 * seconds / steps

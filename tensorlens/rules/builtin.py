@@ -68,7 +68,7 @@ def rule_parameters(cls: type[Rule]) -> list[str]:
 def create_rule(name: str, /, **params: Any) -> Rule:
     """A built-in rule from its name and parameters (strings are fine, as SageMaker passes them).
     A parameter the rule does not take is a ``ValueError`` naming the rule and the ones it takes
-    (a typo in a CLI ``--rule`` spec or a JSON configuration, not a ``TypeError`` from deep inside).
+    (a typo in a CLI ``--rule`` spec is a clear message, not a ``TypeError`` from the constructor).
     ``name`` is positional only: ``name=`` among ``params`` names the rule's findings.
 
     >>> create_rule("VanishingGradient", threshold="0.001").threshold
