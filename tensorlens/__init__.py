@@ -141,9 +141,19 @@ def __getattr__(name: str) -> object:
         value = getattr(importlib.import_module(module), name)
         globals()[name] = value  # once bound, later look-ups do not come here
         return value
-    if name in _SUBMODULES:
+    if name in _SUBMODULES or not name.startswith("_") and _is_submodule(name):
+        # tl.scales.render_scales_png, tl.store.reader...: reachable as when this file imported them
         return importlib.import_module(f"tensorlens.{name}")
     raise AttributeError(f"module 'tensorlens' has no attribute {name!r}")
+
+
+def _is_submodule(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(f"tensorlens.{name}") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def __dir__() -> list[str]:

@@ -100,5 +100,7 @@ def test_the_package_is_lazy_and_keeps_every_name() -> None:
         else:
             raise AssertionError("tl.no_such_name did not raise")
         assert tl.Hook.__name__ == "Hook" and tl.ModeKeys.TRAIN
+        assert tl.scales.render_scales_png and tl.store.reader.open_run is tl.open_run  # subpackages as before
+        assert not hasattr(tl, "_no_such_private")
     """)
     assert done.returncode == 0, done.stderr
