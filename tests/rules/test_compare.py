@@ -167,3 +167,39 @@ def test_compare_records_agrees_with_a_tensor_by_tensor_reference(histograms: bo
             return (d[0], d[1], repr(d[2]), repr(d[3]), d[4])
 
         assert sorted(map(key, got)) == sorted(map(key, want)) and only_a == ref_a and only_b == ref_b
+
+
+def _store(path: str, records: list[tl.StepRecord]) -> str:
+    from tensorlens.store.writer import RunStoreWriter
+
+    writer = RunStoreWriter(f"{path}/tensorlens.sqlite")
+    for record in records:
+        writer.write(record)
+    writer.close()
+    return path
+
+
+def _step(step: int, l2: float, edges: list[float], counts: list[int], extra: bool = False) -> tl.StepRecord:
+    scalars = [tl.ScalarEntry("weights/w", "l2", l2), tl.ScalarEntry("weights/w", "max", 1.0)]
+    if extra:  # a later layout: one more tensor
+        scalars.append(tl.ScalarEntry("weights/v", "l2", 3.0))
+    histogram = tl.HistogramEntry("weights/w", np.array(counts), np.array(edges), 0.0, 1.0, sum(counts), 0.0, 0.0)
+    return tl.StepRecord(step, "train", step, "worker_0", 1e9 + step, scalars=scalars, histograms=[histogram])
+
+
+def test_each_statistic_is_reported_at_its_first_difference_only(tmp_path: Any) -> None:
+    """Stored runs, read back (layouts shared between records): l2 differs from step 1 on, the
+    histogram's edges at step 1 and its counts (same edges) at step 2, and a new layout from step
+    3 on; each statistic's first difference is reported once, with that step's values."""
+    a = _store(str(tmp_path / "a"), [_step(0, 1.0, [0, 1, 2], [1, 1]), _step(1, 2.0, [0, 1, 2], [1, 1]),
+                                     _step(2, 3.0, [0, 1, 2], [1, 1]), _step(3, 4.0, [0, 1, 2], [1, 1], extra=True)])
+    b = _store(str(tmp_path / "b"), [_step(0, 1.0, [0, 1, 2], [1, 1]), _step(1, 2.5, [0, 1.5, 2], [1, 1]),
+                                     _step(2, 3.5, [0, 1, 2], [2, 0]), _step(3, 4.5, [0, 1, 2], [1, 1])])
+    steps: list[int] = []
+    result = R.compare_runs(a, b, on_record=lambda record: steps.append(record.step))
+    assert sorted(steps) == [0, 0, 1, 1, 2, 2, 3, 3]  # every record read, of both runs
+    found = {(d.tensor, d.stat): (d.step, d.a, d.b, d.index) for d in result.divergences}
+    assert found == {("weights/w", "l2"): (1, 2.0, 2.5, None), ("weights/w", "histogram_edges"): (1, 1.0, 1.5, 1),
+                     ("weights/w", "histogram"): (2, 1.0, 2.0, 0)}
+    assert len(result.divergences) == 3 and result.steps_compared == 4
+    assert result.tensors_only_in_a == ["weights/v"] and not result.stats_only_in_a
