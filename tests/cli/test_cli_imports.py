@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import ENV, write_store
+from cli_runs import ENV, write_store
 
 from tensorlens.cli import COMMANDS
 

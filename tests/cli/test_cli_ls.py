@@ -10,7 +10,7 @@ import sys
 import tempfile
 
 import pytest
-from conftest import ENV, cli, write_store
+from cli_runs import ENV, cli, write_store
 
 from tensorlens.cli import main
 

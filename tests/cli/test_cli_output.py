@@ -9,7 +9,7 @@ import stat
 import threading
 
 import pytest
-from conftest import write_store
+from cli_runs import write_store
 
 import tensorlens as tl
 from tensorlens.cli import main

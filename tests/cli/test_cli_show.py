@@ -7,7 +7,7 @@ import re
 
 import click
 import pytest
-from conftest import ENV, cli
+from cli_runs import ENV, cli
 
 from tensorlens.cli import main
 from tensorlens.cli.show import DEFAULT_STATS

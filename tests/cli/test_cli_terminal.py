@@ -15,7 +15,7 @@ import termios
 import time
 
 import pytest
-from conftest import ENV, HOSTILE_NAMES, write_store
+from cli_runs import ENV, HOSTILE_NAMES, write_store
 
 #: What a terminal acts on rather than shows (newline aside): C0, DEL, C1, bidi overrides and isolates.
 ACTIVE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
