@@ -100,6 +100,7 @@ def count(value: float) -> str:
 _CACHE: dict[int, tuple[tuple[tuple[str, str], ...], Columns]] = {}  # id -> (the tuple, held), its columns
 _CACHE_LOCK = threading.Lock()
 _CACHE_SIZE = 8  # layouts in use at once: a few per run, a few runs
+_RECENT = 4  # layouts a live run alternates between (train, eval, ...), found by equality
 _last: list[Columns] = []
 
 
@@ -108,16 +109,16 @@ def columns(record: StepRecord) -> Columns:
 
     A stored run's records share their layout's tuple (found by identity); a live run's engine
     builds a new tuple each step from the same names, and each worker's store file has its own
-    (found by equality with the last layout: a comparison of identical objects, in C)."""
+    (found by equality with the last few layouts: a comparison of identical objects, in C)."""
     names = record.scalar_names
     found = _CACHE.get(id(names))
     if found is not None and found[0] is names:
         return found[1]
-    last = _last[0] if _last else None
-    made = last if last is not None and last.names == names else Columns(names)
+    # tuples of other lengths differ at once; equal ones are compared item by item, by identity first
+    made = next((c for c in list(_last) if c.names == names), None) or Columns(names)
     with _CACHE_LOCK:
         if len(_CACHE) >= _CACHE_SIZE:
             _CACHE.clear()
         _CACHE[id(names)] = (names, made)
-        _last[:] = [made]
+        _last[:] = [made, *(c for c in _last if c is not made)][:_RECENT]
     return made

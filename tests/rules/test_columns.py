@@ -169,3 +169,7 @@ def test_a_layout_is_indexed_once_and_found_again_by_identity_or_equality() -> N
     assert copy.scalar_names is not record.scalar_names and columns(copy) is cols  # a live run's new tuple each step
     other = random_record(np.random.default_rng(2), 0)
     assert columns(other) is not cols and columns(other).names is other.scalar_names
+    # a live run alternating between two layouts (train and eval records), each step a new tuple
+    again = tl.StepRecord.from_arrays(2, "train", 2, "worker_0", 0.0, scalar_names=tuple(list(record.scalar_names)),
+                                      scalar_values=record.scalar_values)
+    assert columns(again) is cols
