@@ -28,6 +28,7 @@ from tensorlens.store.reader import Run, StepKey, open_run
 
 __all__ = ["HISTOGRAM", "VALUE", "Comparison", "Difference", "Divergence", "compare_records", "compare_runs"]
 
+
 @dataclasses.dataclass(frozen=True)
 class Divergence:
     """The first step at which ``stat`` of ``tensor`` differs between the two runs."""
