@@ -145,6 +145,12 @@ def _cell(value: Any) -> str:
 # words; a statistic's name travels in a data column.
 
 
+def step_scale() -> dict[str, Any]:
+    """The x scale of steps: from the first step drawn to the last, not rounded out (a line ends
+    where its run's last step is, as a heatmap above or below it does)."""
+    return {"nice": False, "zero": False}
+
+
 def step_axis() -> dict[str, Any]:
     """The x axis of steps: integer ticks only (``tickMinStep`` 1; a short run otherwise gets ticks
     at 0.5 that ``d`` prints as ``0 0 1 1``)."""
@@ -176,7 +182,7 @@ def line_spec(title: str, y_title: str, runs: Sequence[str], log: bool = False, 
     if color_field is None and len(runs) == 1:
         color["legend"] = None  # one run: its name is in the page header
     encoding: dict[str, Any] = {
-        "x": {"field": "step", "type": "quantitative", "title": "step", "axis": step_axis()},
+        "x": {"field": "step", "type": "quantitative", "title": "step", "axis": step_axis(), "scale": step_scale()},
         "y": {"field": "value", "type": "quantitative", "title": y_title,
               "scale": {"type": "log"} if log else {"zero": False}},
         "color": color,
@@ -221,7 +227,7 @@ def layer_heatmap_spec(title: str, stat: str, rows: int, log: bool) -> dict[str,
         "mark": {"type": "rect"},
         "encoding": {
             "x": {"field": "step_start", "type": "quantitative", "title": "step", "axis": step_axis(),
-                  "scale": {"nice": False, "zero": False}},
+                  "scale": step_scale()},
             "x2": {"field": "step_end"},
             "y": {"field": "tensor", "type": "ordinal", "title": None, "sort": None,
                   "axis": {"labelLimit": 320, "labelFontSize": 10}},
@@ -254,7 +260,7 @@ def histogram_heatmap_spec(title: str, axis: str, linthresh: float | None, heigh
         "mark": {"type": "rect", "clip": True},
         "encoding": {
             "x": {"field": "step_start", "type": "quantitative", "title": "step", "axis": step_axis(),
-                  "scale": {"nice": False, "zero": False}},
+                  "scale": step_scale()},
             "x2": {"field": "step_end"},
             "y": {"field": "low", "type": "quantitative", "title": "value", "scale": y_scale, "axis": {"format": ".3~g"}},
             "y2": {"field": "high"},

@@ -39,6 +39,7 @@ from tensorlens.reports.blocks import (
     line_spec,
     ordered_nominal,
     step_axis,
+    step_scale,
 )
 from tensorlens.reports.data import RunData
 from tensorlens.reports.page import grid, matrix, table
@@ -315,7 +316,7 @@ def findings(runs: Sequence[RunData], options: ReportOptions) -> Section | None:
         "height": max(80, 26 * len(rules)),
         "mark": {"type": "tick", "thickness": 2, "clip": True},
         "encoding": {
-            "x": {"field": "step", "type": "quantitative", "title": "step", "axis": step_axis()},
+            "x": {"field": "step", "type": "quantitative", "title": "step", "axis": step_axis(), "scale": step_scale()},
             "y": ordered_nominal("rule", rules, {"labelLimit": 260}),
             "color": line_spec("", "", names)["encoding"]["color"],
             "tooltip": [{"field": f, "type": "nominal" if f != "step" else "quantitative"}

@@ -283,3 +283,14 @@ def test_step_axes_have_integer_ticks_and_end_at_the_last_step(browser: Browser,
     assert sum(d == [0, 2] for d in domains) == 4, domains
     assert_clean(page, url)
     page.close()
+    # one saved step: every chart still draws, its one tick the step
+    run = write_run(str(tmp_path / "one"), 1, ["weights/a.weight", "gradients/a.weight"])
+    page, url = _load(browser, build_report(run).html, tmp_path / "one.html")
+    assert set(_draw_everything(page)) == {"1"}
+    assert all(["0"] in axes for axes in page.evaluate(AXIS_LABELS).values())
+    assert_clean(page, url)
+    page.close()
+    page, url = _load(browser, build_explorer(run).html, tmp_path / "one-explorer.html")
+    page.evaluate("window.tensorlens.explorer.select('a')")
+    assert_clean(page, url)
+    page.close()

@@ -139,6 +139,7 @@ def test_step_axes_have_integer_ticks() -> None:
     for spec in specs:
         axis = spec["encoding"]["x"]["axis"]
         assert axis["tickMinStep"] == 1 and axis["format"].endswith("d")
+        assert spec["encoding"]["x"]["scale"]["nice"] is False  # the axis ends at the last step drawn
 
 
 def test_heatmap_columns_end_at_the_last_step() -> None:

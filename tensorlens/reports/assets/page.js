@@ -85,6 +85,9 @@
   // ------------------------------------------------------------------ charts
   function embed(el, spec, data) {
     var full = JSON.parse(JSON.stringify(spec));
+    // a chart as wide as its box, axes and legends included (Vega-Lite's default puts them outside
+    // it: two charts side by side ran past the explorer's pane)
+    if (full.width === "container" && !full.autosize) full.autosize = {type: "fit-x", contains: "padding"};
     full.datasets = {};
     Object.keys(data).forEach(function (name) { full.datasets[name] = decode(data[name]); });
     return vegaEmbed(el, full, EMBED_OPTIONS).then(function (result) {
