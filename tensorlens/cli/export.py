@@ -20,7 +20,7 @@ import click
 from tensorlens.cli.group import PipeClosed
 from tensorlens.cli.output import check_output, open_output
 from tensorlens.cli.progress import progress, record_count
-from tensorlens.cli.table import echo
+from tensorlens.cli.table import echo, printable
 from tensorlens.modes import ModeKeys
 from tensorlens.records import StepRecord
 
@@ -102,6 +102,24 @@ def write_parquet(run: Any, out: Any, mode: str | None, worker: str | None, patt
     return rows
 
 
+class _Terminal:
+    """Standard output when it is a terminal: names are data in a file or a pipe, but on a screen
+    their control characters would be obeyed, so there they go through ``printable``."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return self.stream.write(printable(text, newlines=True))
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
 @click.command("export")
 @click.argument("run", type=click.Path(exists=True))
 @click.option("--format", "fmt", type=click.Choice(["csv", "parquet"]), default="csv", show_default=True)
@@ -133,10 +151,12 @@ def command(run: str, fmt: str, output: str | None, mode: str | None, worker: st
         if output != "-":
             check_output(output, [run])  # before the run is read: a refusal costs nothing
         total = record_count(opened, mode, worker)
-        with progress(total, "exporting", unit="record") as advance:
+        to_screen = output == "-" and _isatty(sys.stdout)
+        with progress(total, "exporting", unit="record", enabled=not to_screen) as advance:
             if output == "-":
                 try:
-                    rows = write_csv(opened, sys.stdout, mode, worker, pattern, advance)
+                    rows = write_csv(opened, _Terminal(sys.stdout) if to_screen else sys.stdout, mode, worker,
+                                     pattern, advance)
                     sys.stdout.flush()
                 except BrokenPipeError:
                     raise PipeClosed from None

@@ -8,8 +8,13 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def progress(total: int | None, description: str, unit: str = "step") -> Iterator[Callable[[int], None]]:
-    """``with progress(n, "reading") as advance: ... advance(k)``."""
+def progress(total: int | None, description: str, unit: str = "step",
+             enabled: bool = True) -> Iterator[Callable[[int], None]]:
+    """``with progress(n, "reading") as advance: ... advance(k)``; ``enabled=False`` when the
+    command's own output goes to the same terminal (the bar would be drawn over it)."""
+    if not enabled:
+        yield lambda n: None
+        return
     try:
         from tqdm import tqdm
     except ImportError:

@@ -90,6 +90,9 @@ def test_show_summary_and_errors_through_a_terminal(tmp_path) -> None:
     code, text = run_in_pty("summary", run, "--regex", "clip")
     assert code == 0 and "\\x1b]52;" in text
     assert_inert(text)
+    code, text = run_in_pty("export", run, "-o", "-")  # CSV to a screen: escaped (to a pipe it stays data)
+    assert code == 0 and "\\x1b]52;c;aGVsbG8=\\x07clip" in text
+    assert_inert(text)
     code, text = run_in_pty("show", run, "no\x1b]0;such\x07tensor")  # the argument echoed in the error
     assert code == 1 and text.startswith("Error: ") and text.count("\n") == 1
     assert_inert(text)
