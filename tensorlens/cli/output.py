@@ -91,6 +91,8 @@ def check_output(path: str | os.PathLike[str], runs: Iterable[str] = ()) -> str:
         info: os.stat_result | None = os.stat(real)
     except FileNotFoundError:
         info = None
+    except OSError as err:  # a symbolic link loop, a name too long, a folder that cannot be searched
+        raise OSError(f"cannot write {path!r}: {err.strerror or err}") from None
     folder, name = os.path.split(real)
     if info is not None and stat.S_ISDIR(info.st_mode):
         raise IsADirectoryError(f"{path!r} is a folder; give a file name")

@@ -156,3 +156,14 @@ def test_a_full_device_is_one_error_and_stays_a_device(small_run: str, full_devi
     info = os.stat(full_device)
     assert stat.S_ISCHR(info.st_mode) and info.st_rdev == os.makedev(1, 7)
     assert sorted(os.listdir(os.path.dirname(full_device))) == ["full", "runs"]  # no temporary file left
+
+
+def test_paths_that_cannot_be_written_are_one_error(small_run: str, tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    os.symlink(tmp_path / "loop-b", tmp_path / "loop-a")
+    os.symlink(tmp_path / "loop-a", tmp_path / "loop-b")
+    assert main(["export", small_run, "-o", str(tmp_path / "loop-a")]) == 1
+    assert "Too many levels of symbolic links" in one_error(capsys)
+    assert main(["report", small_run, "-o", str(tmp_path / "missing" / "r.html")]) == 1
+    assert "No such file or directory" in one_error(capsys)
+    assert main(["export", small_run, "-o", ""]) == 1
+    assert "empty" in one_error(capsys)
