@@ -167,3 +167,14 @@ def test_paths_that_cannot_be_written_are_one_error(small_run: str, tmp_path, ca
     assert "No such file or directory" in one_error(capsys)
     assert main(["export", small_run, "-o", ""]) == 1
     assert "empty" in one_error(capsys)
+
+
+def test_a_socket_is_refused_and_left_alone(small_run: str, tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    path = str(tmp_path / "sock")
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(path)
+        assert main(["export", small_run, "-o", path]) == 1
+        assert "it is a socket" in one_error(capsys)
+        assert stat.S_ISSOCK(os.stat(path).st_mode)
