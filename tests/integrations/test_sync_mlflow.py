@@ -25,11 +25,15 @@ from tensorlens.integrations.mlflow import MLflowBackend  # noqa: E402
 from tensorlens.integrations.sync_targets import MLflowTarget  # noqa: E402
 
 try:  # tests/integrations may or may not be a package
+    from . import test_mlflow as mlflow_tests
     from .test_mlflow import _new_run, mlflow_server  # noqa: F401 - the fixture is used by name
     from .test_sync import train
+    from .test_sync_safety import cli, one_error_line
 except ImportError:
+    import test_mlflow as mlflow_tests
     from test_mlflow import _new_run, mlflow_server  # noqa: F401
     from test_sync import train
+    from test_sync_safety import cli, one_error_line
 
 
 def metrics(client: MlflowClient, run_id: str, timestamps: bool = False) -> dict[str, list[tuple[Any, ...]]]:
@@ -159,3 +163,78 @@ def test_an_unreachable_server_is_one_clear_error(tmp_path: Path) -> None:
 
     with SyncState(locate(os.path.join(run_dir, "tensorlens.sqlite")).path) as state:  # no tracker run was made: none recorded
         assert state.targets() == []
+
+
+def test_an_unreachable_server_is_one_error_line_from_the_command(tmp_path: Path) -> None:
+    import socket
+
+    run_dir = train(str(tmp_path / "run"), ["local"], steps=1)
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    done = cli("sync", run_dir, "--to", "mlflow", "--tracking-uri", f"http://127.0.0.1:{port}", "--no-progress")
+    assert "could not open the mlflow run" in one_error_line(done) and "unreachable" in done.stderr
+
+
+class KillingClient(MlflowClient):
+    """A real client that kills the server (SIGKILL to its process group) just before its
+    ``kill_at``-th batch of metrics goes out: that request meets a server that went away after
+    the backend's reachability probe, the case MLflow's own retries drew out for minutes."""
+
+    def __init__(self, uri: str, server: Any, kill_at: int) -> None:
+        super().__init__(uri)
+        self.server, self.kill_at, self.batches = server, kill_at, 0
+
+    def log_batch(self, run_id: str, metrics: Any = (), *args: Any, **kwargs: Any) -> Any:
+        if metrics:
+            self.batches += 1
+            if self.batches == self.kill_at:
+                import signal
+
+                os.killpg(self.server.pid, signal.SIGKILL)
+                self.server.wait(timeout=30)
+        return super().log_batch(run_id, metrics, *args, **kwargs)
+
+
+@pytest.mark.timeout(400)  # the bound below is the test; this one only stops a sync that hangs for minutes
+def test_a_server_killed_mid_sync_fails_in_seconds_and_the_next_sync_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from tensorlens.sync import SyncError
+
+    root = tmp_path / "server"
+    root.mkdir()
+    server, uri = mlflow_tests._start_server(root)
+    try:
+        run_dir = train(str(tmp_path / "run"), ["local"], steps=16)
+        with tl.open_run(run_dir) as stored:
+            total = len(stored.step_keys())
+
+        class KillingTarget(MLflowTarget):
+            def start(self, run_name: str, run_id: str | None) -> tuple[Any, str]:
+                _, run_id = super().start(run_name, run_id)
+                return MLflowBackend(client=KillingClient(uri, server, kill_at=9), run_id=run_id), run_id
+
+        started = time.monotonic()
+        with pytest.raises(SyncError, match="stopped after 8 new records"):
+            sync_run(run_dir, KillingTarget(tracking_uri=uri, experiment="killed"), progress=False, checkpoint_every=4)
+        assert time.monotonic() - started < 60  # MLflow's defaults: 4 to 8.5 minutes
+        assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # set for the sync only
+
+        # the same server again (same store, same port: the same destination)
+        port = int(uri.rsplit(":", 1)[1])
+        monkeypatch.setattr(mlflow_tests, "_free_port", lambda: port)
+        server, again_uri = mlflow_tests._start_server(root)
+        assert again_uri == uri
+        again = sync_run(run_dir, CountingTarget(tracking_uri=uri, experiment="killed"), progress=False)
+        assert not again.new_run and again.already_sent == 8 and again.records_sent == total - 8
+        client = MlflowClient(uri)
+        after = metrics(client, again.run_id, timestamps=True)
+        for key, points in after.items():
+            assert len({s for s, _, _ in points}) == len(points), key  # each step of a series once
+        with tl.open_run(run_dir) as stored:
+            train_steps = [r.step for r in stored.records() if r.mode == tl.ModeKeys.TRAIN]
+        assert [s for s, _, _ in after["tensorlens/gradients/0.weight/l2"]] == train_steps
+        assert client.get_run(again.run_id).info.status == "FINISHED"
+    finally:
+        mlflow_tests._stop(server)
