@@ -4,11 +4,12 @@ own script and style, and its data, all inlined. Nothing on the page makes a req
 Data travels as one JSON document in a ``<script type="application/json">`` element, written so
 that no text in it can end the element (``<``, ``>`` and ``&`` are ``\\u`` escapes, so neither
 ``</script`` nor ``<!--`` can appear), and read with ``JSON.parse``; the page's script puts names
-on the page only as text (``textContent``, ``title``), never as markup. Three kinds of character
-are shown as their escape, in the markup and in the data alike (:func:`unicode_text`): U+2028 and
-U+2029 (invisible, and the end of a Vega expression string) and surrogates (a lone one, such as
-``"layer\\udc80"`` in a name an older store holds, cannot be written as UTF-8): the page can always
-be written, and every chart drawn.
+on the page only as text (``textContent``, ``title``), never as markup. Some characters are shown
+as their escape, in the markup and in the data alike (:func:`unicode_text`): U+2028 and U+2029
+(invisible, and the end of a Vega expression string), surrogates (a lone one, such as
+``"layer\\udc80"`` in a name an older store holds, cannot be written as UTF-8) and the
+bidirectional controls (they reorder the text around them): the page can always be written, every
+chart drawn, and a name reads as it is.
 
 Datasets are compact: columns rather than rows (:func:`table`), heatmaps as quantised levels in
 base64 (:func:`grid`); the script expands them before a chart is drawn.
@@ -50,7 +51,8 @@ def asset_versions() -> dict[str, Any]:
 
 def script_json(document: Any) -> str:
     """``document`` as JSON that is safe inside a ``<script>`` element (no ``<``, ``>``, ``&``)
-    and shows U+2028, U+2029 and surrogates as their escapes (see :func:`unicode_text`). A
+    and shows U+2028, U+2029, surrogates and bidirectional controls as their escapes (see
+    :func:`unicode_text`). A
     non-finite number (JSON has no NaN or Infinity) is a ``ValueError`` that says where in
     ``document`` it is."""
     try:
@@ -69,14 +71,16 @@ def script_json(document: Any) -> str:
 
 #: Shown as their escape ``\\u2028`` on the page, in the markup and in the data alike: the line
 #: and paragraph separators (a Vega expression string, into which Vega-Lite compiles titles and
-#: sort orders, ends at them: "Unexpected token ILLEGAL"; they are invisible anyway) and
-#: surrogates (a lone one, which an older store may hold in a name, cannot be written as UTF-8).
-_ESCAPED = re.compile("[\u2028\u2029\ud800-\udfff]")
+#: sort orders, ends at them: "Unexpected token ILLEGAL"; they are invisible anyway), surrogates
+#: (a lone one, which an older store may hold in a name, cannot be written as UTF-8), and the
+#: bidirectional overrides, embeddings, isolates and marks, which reorder the text around them (the
+#: "Trojan Source" trick; the CLI escapes the same ones, see ``tensorlens.cli.table.printable``).
+_ESCAPED = re.compile("[\u2028\u2029\ud800-\udfff\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def unicode_text(text: str) -> str:
-    """``text`` with U+2028, U+2029 and every surrogate code point written as its escape
-    (``layer\\udc80``): what the page shows for them."""
+    """``text`` with U+2028, U+2029, surrogates and bidirectional controls written as their escape
+    (``layer\\udc80``, see ``_ESCAPED``): what the page shows for them."""
     return _ESCAPED.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 

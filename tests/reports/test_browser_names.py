@@ -69,8 +69,8 @@ AXIS_LABELS = """(() => { const out = {};
 
 def _hover_middle(page, view_expression: str) -> str:
     """Move the mouse to the middle of a chart's plot area and return the tooltip's HTML once shown."""
-    x, y = page.evaluate(f"""(() => {{ const v = {view_expression}, box = v.container().querySelector('canvas')
-        .getBoundingClientRect(), o = v.origin(); v.container().scrollIntoView({{block: 'center'}});
+    x, y = page.evaluate(f"""(() => {{ const v = {view_expression}, o = v.origin();
+        v.container().scrollIntoView({{block: 'center'}});
         const b = v.container().querySelector('canvas').getBoundingClientRect();
         return [b.left + o[0] + v.width() / 2, b.top + o[1] + v.height() / 2]; }})()""")
     page.hover(x - 1, y - 1)

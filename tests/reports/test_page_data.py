@@ -85,10 +85,18 @@ def test_a_non_finite_number_in_page_data_says_where() -> None:
 
 
 def test_separators_and_surrogates_are_shown_as_escapes() -> None:
-    text = script_json({"a\u2028": "b\u2029", "c": "layer\udc80", "d": "</script><!--"})
-    assert not re.search("[\u2028\u2029\ud800-\udfff<>&]", text)
-    assert json.loads(text) == {"a\\u2028": "b\\u2029", "c": "layer\\udc80", "d": "</script><!--"}
+    text = script_json({"a\u2028": "b\u2029", "c": "layer\udc80", "d": "</script><!--", "e": "x\u202ey"})
+    assert not re.search("[\u2028\u2029\ud800-\udfff\u202e<>&]", text)
+    assert json.loads(text) == {"a\\u2028": "b\\u2029", "c": "layer\\udc80", "d": "</script><!--", "e": "x\\u202ey"}
     text.encode("utf-8")
+
+
+def test_a_bidirectional_override_in_a_name_is_shown_as_its_escape(tmp_path: Path) -> None:
+    run = write_run(str(tmp_path / "bidi"), 2, ["weights/fc\u202eexe.txt", "gradients/fc\u202eexe.txt"])
+    page = build_report(run).html
+    assert "\u202e" not in page  # it would reorder what follows it ("Trojan Source")
+    markup, data = page.split('id="tl-data">', 1)
+    assert "weights/fc\\u202eexe.txt" in markup and "weights/fc\\\\u202eexe.txt" in data
 
 
 def test_report_and_explore_a_store_holding_lone_surrogates(surrogate_run: str, tmp_path: Path) -> None:
