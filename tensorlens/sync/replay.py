@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -189,7 +188,7 @@ class _Replay:
         self.state.save_target(target_state)  # the tracker run exists now: a crash from here continues it
         metadata = self.stored.metadata() if known is None or self.target.metadata_every_session else {}
         info = RunInfo(
-            run_name, os.path.abspath(self.path), config=_json(meta.get("config")), metadata=metadata,
+            run_name, os.path.abspath(self.path), config=_config(self.stored), metadata=metadata,
         )
         session = _Session(backend, self.state, target_state, self.state.progress(key))
         try:
@@ -343,9 +342,7 @@ class _progress_bar:
             self.bar.close()
 
 
-def _json(text: str | None) -> dict[str, Any]:
-    try:
-        value = json.loads(text) if text else {}
-    except ValueError:
-        return {}
+def _config(stored: Any) -> dict[str, Any]:
+    # the store's own untrusted-JSON reader: a config nested 200,000 deep is a CorruptRunError, not a RecursionError
+    value = stored.meta_json("config", {})
     return value if isinstance(value, dict) else {}

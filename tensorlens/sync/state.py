@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tensorlens.store import jsontext
 from tensorlens.store.errors import CorruptRunError
 from tensorlens.store.schema import row_checksum, with_checksum
 
@@ -192,10 +193,7 @@ class SyncState:
 
     def _target(self, row: tuple[object, ...]) -> TargetState:
         target, run_id, findings_sent, info_text, _ = _checked(self.path, "sync_targets", row)
-        try:
-            info = json.loads(str(info_text))
-        except ValueError:
-            info = None
+        info = jsontext.load(self.path, str(info_text), "sync_targets", f"target {target!r}")
         if not isinstance(info, dict) or not run_id or int(findings_sent) < 0:  # type: ignore[call-overload]
             raise _damaged(self.path, "sync_targets")
         return TargetState(str(target), str(run_id), int(findings_sent), info)  # type: ignore[call-overload]

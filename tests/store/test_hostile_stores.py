@@ -299,3 +299,10 @@ def test_megabytes_of_a_hostile_value_make_a_short_message(run: Path) -> None:
         opened.steps()
     assert len(str(raised.value)) < 2000 and "characters)" in str(raised.value)
     assert len(raised.value.where or "") > 5_000_000  # the whole place stays on the exception
+
+
+def test_sync_of_a_config_nested_deep_is_one_error_line(run: Path, tmp_path: Path) -> None:
+    """sync reads the run's config to open the tracker run: through the same bounded reader."""
+    _edit(run, "meta", ("config", DEEP))
+    done = _cli("sync", str(run), "--to", "tensorboard", "--logdir", str(tmp_path / "tb"))
+    _refused_by_cli(done, "key 'config'", "nests deeper")
