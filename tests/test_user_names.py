@@ -129,3 +129,18 @@ def test_a_name_that_is_not_utf8_is_escaped_and_every_reader_works(tmp_path) -> 
         assert done.returncode == 0, done.stderr
     assert "layer\\udc80.weight" in out.read_text(encoding="utf-8")
     (tmp_path / "r.html").read_text(encoding="utf-8")
+
+
+def test_a_rules_tensor_regex_is_warned_about_once_and_matched_once_per_name() -> None:
+    """Rules select tensors by ``tensor_regex`` over every record: the same guard as include_regex."""
+    from tensorlens.rules.params import Selection
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        selection = Selection(None, [CATASTROPHIC])
+    assert len(tensorlens_warnings(caught)) == 1
+    name = f"gradients/{'a' * 16}!{id(selection)}"  # a name no other test asked about
+    before = patterns.matches_count()
+    for _ in range(5):
+        assert not selection.matches(name)
+    assert patterns.matches_count() - before == 1

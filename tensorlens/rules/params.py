@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from tensorlens import patterns
 from tensorlens._checks import expected
 from tensorlens.collection import KINDS
 from tensorlens.records import StepRecord
@@ -80,13 +81,9 @@ def to_names(name: str, value: Any) -> tuple[str, ...]:
 def to_patterns(name: str, value: Any) -> tuple[re.Pattern[str], ...]:
     """Regular expressions from a list, or from one string split on commas as SageMaker does
     (pass a list for a pattern that itself holds a comma, such as ``\\d{1,3}``)."""
-    out = []
-    for pattern in to_names(name, value):
-        try:
-            out.append(re.compile(pattern))
-        except re.error as err:
-            raise expected(name, "valid regular expressions", pattern) from err
-    return tuple(out)
+    # compile_pattern warns once about a pattern that can backtrack exponentially; Selection
+    # matches each tensor name once and keeps the answer, so such a pattern never costs every record
+    return tuple(patterns.compile_pattern(pattern, name) for pattern in to_names(name, value))
 
 
 def to_action(value: Any) -> str | Callable[..., Any]:
@@ -134,7 +131,7 @@ class Selection:
         found = self._cache.get(tensor)
         if found is None:
             if self.given:
-                found = collection_of(tensor) in self.collections or any(p.search(tensor) for p in self.patterns)
+                found = collection_of(tensor) in self.collections or any(patterns.search(p, tensor) for p in self.patterns)
             else:
                 found = True if self._default is None else bool(self._default(tensor))
             self._cache[tensor] = found
