@@ -19,7 +19,7 @@ tells a damaged row from data (SQLite keeps no checksums of its own), and a step
 ``steps`` counts its rows in ``scalars``, ``histograms`` and ``tensors``, so a missing row is
 noticed too. Readers go through
 :mod:`tensorlens.store.reader`, which checks every row (:mod:`tensorlens.store.validate`).
-``tensorlens sync`` adds two tables of its own to the primary file (what it sent where, see
+``tensorlens sync`` only reads the store: what it sent where lives in ``RUN/sync/`` (see
 :mod:`tensorlens.sync.state`); the run metadata is the ``meta`` key ``metadata`` (JSON).
 """
 
