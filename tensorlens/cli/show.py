@@ -93,19 +93,18 @@ def _columns(stats_by_tensor: dict[str, list[str]], wanted: Sequence[str]) -> tu
 
 def _table(headers: list[str], rows: list[list[object]], optional: list[str], wide: bool,
            flexible: int = 0) -> list[str]:
-    """The table at the terminal's width; without a terminal, the optional columns are left out
-    (named on the last line), and with ``wide`` nothing is."""
+    """The table at the terminal's width; without a terminal, the ``optional`` columns (the last
+    ones) are left out and named on the last line; with ``wide`` nothing is."""
     hint = "--stat picks columns, --wide shows all"
     if wide:
         return format_table(headers, rows, width=1 << 30, flexible=flexible)
     width = terminal_width()
+    keep = len(headers) - len(optional)
     if width is None and optional:
-        keep = [i for i, h in enumerate(headers) if h not in optional]
-        lines = format_table([headers[i] for i in keep], [[row[i] for i in keep] for row in rows], width=1 << 30,
-                             flexible=flexible)
+        lines = format_table(headers[:keep], [row[:keep] for row in rows], width=1 << 30, flexible=flexible)
         return [*lines, f"({len(optional)} more statistic{'s' if len(optional) > 1 else ''} recorded: "
                         f"{', '.join(optional)}; {hint})"]
-    return format_table(headers, rows, width=width, flexible=flexible, hint=hint, keep=len(headers) - len(optional))
+    return format_table(headers, rows, width=width, flexible=flexible, hint=hint, keep=keep)
 
 
 def _step_table(run, record: StepRecord, tensors: list[str], wanted: Sequence[str],  # noqa: ANN001
