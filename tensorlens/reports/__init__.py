@@ -13,7 +13,7 @@ builds the module tree.
 from __future__ import annotations
 
 from tensorlens.reports.data import LoadOptions, RunData, load_run
-from tensorlens.reports.explorer import build_explorer, describe_modules, explore
+from tensorlens.reports.explorer import build_explorer, explore
 from tensorlens.reports.report import Page, build_report, report
 from tensorlens.reports.sections import ReportOptions, register_section, registered_sections
 
@@ -31,3 +31,13 @@ __all__ = [
     "registered_sections",
     "report",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # describe_modules walks an nn.Module, so it needs torch: imported when asked for, and reading a
+    # run (show, export, report, explore) never imports torch
+    if name == "describe_modules":
+        from tensorlens.capture.modules import describe_modules
+
+        return describe_modules
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

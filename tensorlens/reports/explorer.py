@@ -9,7 +9,7 @@ no server.
 
 Where the tree comes from: the run's ``modules`` meta entry when the recorder stored one (a JSON
 list of ``{"name", "type", "extra_repr", "parameters": {name: shape}, "call_order"}``, see
-:func:`describe_modules`); otherwise the tensor names themselves: parameters
+:func:`tensorlens.capture.modules.describe_modules`); otherwise the tensor names themselves: parameters
 (``weights/encoder.0.weight``) belong to the module before their last dot, activations
 (``activations/encoder.0``) to the module they name.
 """
@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from tensorlens.capture.modules import describe_modules
 from tensorlens.reports.blocks import histogram_heatmap_spec, line_spec
 from tensorlens.reports.data import LoadOptions, RunData, load_run
 from tensorlens.reports.page import esc, grid, render, rounded, table
@@ -208,4 +207,4 @@ def explore(
     return page
 
 
-__all__: Sequence[str] = ("build_explorer", "build_tree", "describe_modules", "explore")
+__all__: Sequence[str] = ("build_explorer", "build_tree", "explore")

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 import tensorlens as tl
+from tensorlens.capture.modules import describe_modules
 from tensorlens.reports import ReportOptions, build_explorer, build_report, load_run, register_section
 from tensorlens.reports.blocks import Note, Section
-from tensorlens.reports.explorer import build_tree, describe_modules
+from tensorlens.reports.explorer import build_tree
 from tensorlens.reports.page import LEVELS, LOG_FLOOR, rounded, script_json
 from tensorlens.reports.sections import _PROVIDERS
 
@@ -242,6 +243,9 @@ def test_explorer_tree_from_the_module_list_and_from_names(real_run: str, hostil
 
 
 def test_describe_modules_matches_the_model() -> None:
+    import tensorlens.reports
+
+    assert tensorlens.reports.describe_modules is describe_modules  # documented there, imported on first use
     model = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.ReLU(), torch.nn.LayerNorm(5))
     described = describe_modules(model)
     assert [m["name"] for m in described] == ["", "0", "1", "2"]
