@@ -1,6 +1,6 @@
 """``tensorlens compare A B [--rtol R --atol A]``: where two stored runs first differ, per tensor
 and statistic, with both values; steps and tensors present in one run only. ``--check`` exits
-with 1 when they differ. The logic lives in :func:`tensorlens.rules.compare.compare_runs`.
+with 1 when they differ. The logic lives in :func:`tensorlens.analysis.compare.compare_runs`.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import click
 @click.option("--check", is_flag=True, help="Exit with 1 when the runs differ.")
 def command(a: str, b: str, rtol: float, atol: float, limit: int, check: bool) -> None:
     """Compare two stored runs step by step: the first step where each statistic differs."""
+    from tensorlens.analysis.compare import compare_runs
     from tensorlens.cli.progress import progress
     from tensorlens.cli.table import printable
-    from tensorlens.rules.compare import compare_runs
     from tensorlens.store.reader import open_run
 
     with open_run(a) as run_a, open_run(b) as run_b:

@@ -1,4 +1,4 @@
-"""Rules that watch a run online and offline, run comparison, and SageMaker Debugger's Trial API.
+"""Rules that watch a run online and offline (SageMaker Debugger's built-in rules and exceptions).
 
 >>> from tensorlens import rules as R
 >>> hook = tl.watch(model, rules=[R.VanishingGradient(), R.ExplodingTensor(action="stop")])   # doctest: +SKIP
@@ -9,17 +9,23 @@
 Modules: :mod:`.base` (the Rule class), the built-ins by what they read (:mod:`.tensors`,
 :mod:`.gradients`, :mod:`.activations`, :mod:`.losses`, :mod:`.classification`; :mod:`.builtin`
 names them all), :mod:`.online` (the runner beside training), :mod:`.offline` (``invoke``),
-:mod:`.compare`, :mod:`.trial`, :mod:`.exceptions`, and :mod:`.bounds` (what statistics prove).
+:mod:`.exceptions`, and :mod:`.bounds` (what statistics prove).
+
+Run comparison and the Trial API live in :mod:`tensorlens.analysis` (they read stored runs; they
+are not rules). Their names stay reachable here (``R.compare_runs``, ``R.create_trial``, ...) as
+they were documented: bound on first use, so this package imports nothing of ``analysis`` (which
+imports :mod:`.exceptions` from here).
 """
 
 from __future__ import annotations
+
+import importlib
 
 from tensorlens.findings import Finding
 from tensorlens.rules.activations import DeadRelu, PoorWeightInitialization, SaturatedActivation
 from tensorlens.rules.base import Rule
 from tensorlens.rules.builtin import BUILTIN_RULES, DEFAULT_RULES, create_rule
 from tensorlens.rules.classification import ClassImbalance, Confusion
-from tensorlens.rules.compare import Comparison, Divergence, compare_records, compare_runs
 from tensorlens.rules.exceptions import (
     NoMoreData,
     RuleEvaluationConditionMet,
@@ -41,7 +47,6 @@ from tensorlens.rules.offline import invoke, invoke_rule, rules_command
 from tensorlens.rules.online import RuleRunner
 from tensorlens.rules.params import modules_regex
 from tensorlens.rules.tensors import AllZero, ExplodingTensor, SimilarAcrossRuns, TensorVariance, UnchangedTensor
-from tensorlens.rules.trial import StepState, Trial, TrialTensor, create_trial
 
 #: SageMaker's name for StalledTraining.
 StalledTrainingRule = StalledTraining
@@ -56,3 +61,28 @@ __all__ = [
     "compare_records", "compare_runs", "create_rule", "create_trial", "invoke", "invoke_rule", "modules_regex",
     "rules_command",
 ]
+
+#: Names of :mod:`tensorlens.analysis` this package served before it was split off, and their modules.
+_MOVED: dict[str, str] = {
+    "Comparison": "tensorlens.analysis.compare",
+    "Divergence": "tensorlens.analysis.compare",
+    "compare_records": "tensorlens.analysis.compare",
+    "compare_runs": "tensorlens.analysis.compare",
+    "StepState": "tensorlens.analysis.trial",
+    "Trial": "tensorlens.analysis.trial",
+    "TrialTensor": "tensorlens.analysis.trial",
+    "create_trial": "tensorlens.analysis.trial",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _MOVED.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tensorlens.rules' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once bound, later look-ups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

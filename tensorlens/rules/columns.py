@@ -2,7 +2,7 @@
 
 A record holds its scalars as one array named by ``(tensor, stat)`` pairs. :class:`Columns` works
 out once per layout (the name tuple a stored run's records share, see
-:mod:`tensorlens.rules.alignment`) which tensors it holds, in which order, and where each
+:mod:`tensorlens.record_diff`) which tensors it holds, in which order, and where each
 statistic of each tensor sits; a rule then reads a statistic of every tensor as one array
 (``columns.column(record, "nan_count")``) and checks them all with numpy, instead of building a
 dictionary per tensor per step. With thousands of tensors that Python work, repeated by every

@@ -16,10 +16,10 @@ import numpy as np
 
 from tensorlens._checks import expected
 from tensorlens.findings import Finding
+from tensorlens.record_diff import compare_records
 from tensorlens.records import StepRecord
 from tensorlens.rules.base import Rule
 from tensorlens.rules.columns import columns, count
-from tensorlens.rules.compare import compare_records
 from tensorlens.rules.params import Selection, tensor_stats, to_bool, to_float, to_int
 from tensorlens.store.reader import Run
 

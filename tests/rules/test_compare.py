@@ -11,6 +11,7 @@ from scenarios import PARAMETER_COLLECTIONS, Training, mlp, regression_data
 
 import tensorlens as tl
 from tensorlens import rules as R
+from tensorlens.analysis import compare
 
 
 def train(tmp_path: Any, name: str, lr: float = 0.05, steps: int = 5, collections: list[str] | None = None,
@@ -36,7 +37,7 @@ def test_same_seed_same_run(tmp_path: Any, base: str) -> None:
     assert result.equal and result.first_divergence is None
     assert result.steps_compared == 6  # five train steps and one eval step
     assert result.summary().endswith("no difference")
-    assert R.compare.compare_command(base, base, echo=lambda line: None) == 0
+    assert compare.compare_command(base, base, echo=lambda line: None) == 0
 
 
 def test_a_changed_learning_rate_diverges_at_the_first_step_it_can(tmp_path: Any, base: str) -> None:
@@ -56,7 +57,7 @@ def test_a_changed_learning_rate_diverges_at_the_first_step_it_can(tmp_path: Any
     assert result.divergence("weights/0.weight", "histogram_edges") is not None
     assert not result.steps_only_in_a and not result.tensors_only_in_a
     assert "statistics differ" in result.summary()
-    assert R.compare.compare_command(base, other, echo=lambda line: None) == 1
+    assert compare.compare_command(base, other, echo=lambda line: None) == 1
 
 
 def test_tolerance(tmp_path: Any, base: str) -> None:
@@ -91,7 +92,7 @@ def test_compare_records_checks_raw_values() -> None:
     a = tl.StepRecord(0, "train", 0, "worker_0", 0.0, scalars=[entry], tensors=[tl.TensorEntry("labels/y", np.array([1, 2, 3]))])
     b = tl.StepRecord(0, "train", 0, "worker_0", 0.0, scalars=[entry], tensors=[tl.TensorEntry("labels/y", np.array([1, 2, 4]))])
     differences, only_a, only_b = R.compare_records(a, b)
-    assert differences == [R.compare.Difference("labels/y", "value", 3.0, 4.0, 2)] and not only_a and not only_b
+    assert differences == [compare.Difference("labels/y", "value", 3.0, 4.0, 2)] and not only_a and not only_b
 
 
 def test_arguments_are_checked(base: str) -> None:

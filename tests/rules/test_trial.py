@@ -12,7 +12,7 @@ from torch import nn
 
 import tensorlens as tl
 from tensorlens import rules as R
-from tensorlens.rules.trial import StepState
+from tensorlens.analysis.trial import StepState
 
 
 class Writer(threading.Thread):

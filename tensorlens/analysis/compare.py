@@ -5,8 +5,9 @@ refactor) first made a difference; :func:`compare_runs` does it over two stored 
 them step by step (never whole). Records are paired by (mode, mode step, worker); for each tensor
 and statistic the first paired step where the two values differ beyond tolerance is reported with
 both values. Steps, tensors and statistics present in one run only are listed, so runs of
-different lengths or configurations compare too. :func:`compare_records` is the same check on two
-records, used by the ``SimilarAcrossRuns`` rule.
+different lengths or configurations compare too. Two records are compared by
+:mod:`tensorlens.record_diff` (``compare_records``, re-exported here), which the ``SimilarAcrossRuns``
+rule uses too.
 
 >>> result = compare_runs("runs/a", "runs/b", rtol=1e-6)      # doctest: +SKIP
 >>> result.first_divergence                                     # doctest: +SKIP
@@ -18,12 +19,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 
-import numpy as np
-
 from tensorlens._checks import expected
 from tensorlens.modes import ModeKeys
+from tensorlens.record_diff import (
+    HISTOGRAM,
+    VALUE,
+    Alignment,
+    Difference,
+    Reported,
+    alignment,
+    compare_aligned,
+    compare_records,
+)
 from tensorlens.records import StepRecord
-from tensorlens.rules.alignment import HISTOGRAM, VALUE, Alignment, Difference, Reported, alignment, close
 from tensorlens.store.reader import Run, StepKey, open_run
 
 __all__ = ["HISTOGRAM", "VALUE", "Comparison", "Difference", "Divergence", "compare_records", "compare_runs"]
@@ -109,37 +117,6 @@ class Comparison:
         return lines
 
 
-def compare_records(a: StepRecord, b: StepRecord, rtol: float = 1e-6, atol: float = 0.0, *,
-                    histograms: bool = True, tensors: bool = True) -> tuple[list[Difference], set[tuple[str, str]], set[tuple[str, str]]]:
-    """``(differences, only in a, only in b)`` between two records: each statistic both hold,
-    each histogram (edges within tolerance, counts exactly) and each raw tensor both saved.
-    The one-sided sets hold ``(tensor, stat)`` pairs.
-
-    >>> diffs, only_a, only_b = compare_records(record_a, record_b, rtol=1e-6)   # doctest: +SKIP
-    """
-    return _compare(alignment(a, b, histograms), a, b, rtol, atol, tensors, None)
-
-
-def _compare(aligned: Alignment, a: StepRecord, b: StepRecord, rtol: float, atol: float, tensors: bool,
-             reported: Reported | None) -> tuple[list[Difference], set[tuple[str, str]], set[tuple[str, str]]]:
-    out = aligned.differences(a, b, rtol, atol, reported)
-    only_a, only_b = aligned.only_a, aligned.only_b
-    if tensors and (a.tensors or b.tensors):  # raw tensors are few (save_raw_tensor): one by one
-        ta, tb = {t.tensor: t.value for t in a.tensors}, {t.tensor: t.value for t in b.tensors}
-        for tensor in ta.keys() & tb.keys():
-            x, y = np.asarray(ta[tensor], dtype=np.float64), np.asarray(tb[tensor], dtype=np.float64)
-            if x.shape != y.shape:
-                out.append(Difference(tensor, VALUE, float(x.size), float(y.size)))
-                continue
-            bad = np.flatnonzero(~close(x.ravel(), y.ravel(), rtol, atol))
-            if bad.size:
-                i = int(bad[0])
-                out.append(Difference(tensor, VALUE, float(x.ravel()[i]), float(y.ravel()[i]), i))
-        only_a = only_a | {(t, VALUE) for t in ta.keys() - tb.keys()}
-        only_b = only_b | {(t, VALUE) for t in tb.keys() - ta.keys()}
-    return out, only_a, only_b
-
-
 def _records_by_key(run: Run, mode: ModeKeys) -> Iterator[tuple[tuple[int, str], StepRecord]]:
     # within one mode the reader's order (step, mode step, worker) is the order of (mode step, worker)
     for record in run.records(mode=mode):
@@ -156,7 +133,7 @@ def compare_runs(a: str | Run, b: str | Run, rtol: float = 1e-6, atol: float = 0
     tolerance. ``on_record`` is called with each record read, of either run (a progress bar).
 
     The runs are read one record at a time, never whole; each pair of records is compared with
-    numpy over its whole arrays (:mod:`tensorlens.rules.alignment`), so the time grows with the
+    numpy over its whole arrays (:mod:`tensorlens.record_diff`), so the time grows with the
     data read and not with Python work per tensor.
 
     >>> tl.compare_runs("runs/seed0", "runs/seed0-again").equal          # doctest: +SKIP
@@ -200,7 +177,7 @@ def compare_runs(a: str | Run, b: str | Run, rtol: float = 1e-6, atol: float = 0
                     one_sided_a |= aligned.only_a
                     one_sided_b |= aligned.only_b
                     held.append(aligned)  # its id stays its own while the comparison runs
-                diffs, only_a, only_b = _compare(aligned, ra, rb, rtol, atol, tensors, seen)
+                diffs, only_a, only_b = compare_aligned(aligned, ra, rb, rtol, atol, tensors, seen)
                 if ra.tensors or rb.tensors:
                     one_sided_a |= only_a
                     one_sided_b |= only_b

@@ -1,11 +1,14 @@
-"""How the arrays of two records line up, for run comparison: which scalar of one is which of the
-other, which histogram bins and edges face each other, what one record holds alone.
+"""Where two step records differ: which scalar of one is which of the other, which histogram bins
+and edges face each other, what one record holds alone, and :func:`compare_records` over them.
 
-Worked out once per pair of layouts, then every pair of records with those layouts is compared
-with a few numpy operations over whole arrays. A stored run's records share their layout's name
-tuples (the reader parses each layout once), so a run of thousands of steps and tensors pairs its
-layouts once, not at every step and tensor: per-tensor Python work at every step is what made
-comparing a large store take minutes.
+Run comparison (:mod:`tensorlens.analysis.compare`) and the ``SimilarAcrossRuns`` rule both compare
+records, so this sits below both (the rules and the analysis packages do not import each other).
+
+The alignment of two layouts is worked out once, then every pair of records with those layouts is
+compared with a few numpy operations over whole arrays. A stored run's records share their
+layout's name tuples (the reader parses each layout once), so a run of thousands of steps and
+tensors pairs its layouts once, not at every step and tensor: per-tensor Python work at every step
+is what made comparing a large store take minutes.
 """
 
 from __future__ import annotations
@@ -193,3 +196,36 @@ def alignment(a: StepRecord, b: StepRecord, histograms: bool = True) -> Alignmen
             _CACHE.clear()
         _CACHE[key] = made
     return made
+
+
+def compare_records(a: StepRecord, b: StepRecord, rtol: float = 1e-6, atol: float = 0.0, *,
+                    histograms: bool = True, tensors: bool = True) -> tuple[list[Difference], set[tuple[str, str]], set[tuple[str, str]]]:
+    """``(differences, only in a, only in b)`` between two records: each statistic both hold,
+    each histogram (edges within tolerance, counts exactly) and each raw tensor both saved.
+    The one-sided sets hold ``(tensor, stat)`` pairs.
+
+    >>> diffs, only_a, only_b = compare_records(record_a, record_b, rtol=1e-6)   # doctest: +SKIP
+    """
+    return compare_aligned(alignment(a, b, histograms), a, b, rtol, atol, tensors, None)
+
+
+def compare_aligned(aligned: Alignment, a: StepRecord, b: StepRecord, rtol: float, atol: float, tensors: bool,
+                    reported: Reported | None) -> tuple[list[Difference], set[tuple[str, str]], set[tuple[str, str]]]:
+    """:func:`compare_records` with the records' :func:`alignment` given, and each statistic's
+    difference left out once ``reported`` holds it (a run comparison reports the first only)."""
+    out = aligned.differences(a, b, rtol, atol, reported)
+    only_a, only_b = aligned.only_a, aligned.only_b
+    if tensors and (a.tensors or b.tensors):  # raw tensors are few (save_raw_tensor): one by one
+        ta, tb = {t.tensor: t.value for t in a.tensors}, {t.tensor: t.value for t in b.tensors}
+        for tensor in ta.keys() & tb.keys():
+            x, y = np.asarray(ta[tensor], dtype=np.float64), np.asarray(tb[tensor], dtype=np.float64)
+            if x.shape != y.shape:
+                out.append(Difference(tensor, VALUE, float(x.size), float(y.size)))
+                continue
+            bad = np.flatnonzero(~close(x.ravel(), y.ravel(), rtol, atol))
+            if bad.size:
+                i = int(bad[0])
+                out.append(Difference(tensor, VALUE, float(x.ravel()[i]), float(y.ravel()[i]), i))
+        only_a = only_a | {(t, VALUE) for t in ta.keys() - tb.keys()}
+        only_b = only_b | {(t, VALUE) for t in tb.keys() - ta.keys()}
+    return out, only_a, only_b
