@@ -30,12 +30,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
-import urllib.parse
-import urllib.request
 import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -46,6 +43,7 @@ from tensorlens.backends.keys import PRIMARY_WORKERS, key_parts
 from tensorlens.backends.optional import import_optional, is_lightning_logger
 from tensorlens.engine.metadata import flatten
 from tensorlens.findings import Finding
+from tensorlens.integrations import _mlflow_replay
 from tensorlens.integrations._mlflow_artifacts import HeatmapColumns, HeatmapPainter, HistogramChunk
 from tensorlens.integrations._mlflow_keys import (
     MAX_KEY_LENGTH,
@@ -56,6 +54,7 @@ from tensorlens.integrations._mlflow_keys import (
     MetricKeyMapper,
     mlflow_metric_key,
 )
+from tensorlens.integrations._mlflow_probe import probe as _probe
 from tensorlens.modes import ModeKeys
 from tensorlens.records import StepRecord
 from tensorlens.stats.views import histogram_quantiles
@@ -87,8 +86,6 @@ _MAX_PENDING_ASYNC = 32
 # close() draws heatmaps for at most this long (the dispatcher waits for a backend's close() until
 # its close timeout, 60 s by default)
 _HEATMAP_BUDGET_S = 30.0
-# a TCP connect to a live server takes far less; a dead host's connect would otherwise take minutes
-_PROBE_TIMEOUT_S = 5.0
 
 
 def _import_mlflow() -> Any:
@@ -123,6 +120,14 @@ class MLflowBackend(Backend):
     supports_histograms: ClassVar[bool] = True
     supports_tensors: ClassVar[bool] = False
     main_process_only: ClassVar[bool] = True
+    # replay (tensorlens sync --to mlflow): a new or continued MLflow run, see _mlflow_replay
+    replay_options: ClassVar[tuple[str, ...]] = _mlflow_replay.OPTIONS
+    replay_settings = classmethod(_mlflow_replay.settings)
+    replay_destination = classmethod(_mlflow_replay.destination)
+    replay_environment = classmethod(_mlflow_replay.environment)
+    open_for_replay = classmethod(_mlflow_replay.open_for_replay)
+    finish_replay = classmethod(_mlflow_replay.finish)
+    describe_replay = classmethod(_mlflow_replay.describe)
 
     def __init__(
         self,
@@ -476,30 +481,3 @@ def _active_mlflow_run() -> Any:
         return mlflow.active_run()
     except Exception:
         return None
-
-
-# ---------------------------------------------------------------------------- reachability
-
-
-def _probe(uri: str | None, timeout: float = _PROBE_TIMEOUT_S) -> None:
-    """Raise ``ConnectionError`` when an ``http(s)`` tracking server does not accept connections.
-
-    MLflow retries a refused connection with exponential backoff for about four minutes per call
-    (``MLFLOW_HTTP_REQUEST_MAX_RETRIES=7``); one TCP connect tells a server that is down apart
-    within ``timeout`` seconds, so a dead tracker costs training nothing and close() next to
-    nothing (a server that dies during a request is bounded by the dispatcher's stall timeout).
-    Skipped for other URIs and when a proxy is configured for the host (the proxy decides then).
-    """
-    if not uri:
-        return
-    parsed = urllib.parse.urlparse(uri)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        return
-    if urllib.request.getproxies().get(parsed.scheme) and not urllib.request.proxy_bypass(parsed.hostname):
-        return
-    try:
-        port = parsed.port or (443 if parsed.scheme == "https" else 80)
-        with socket.create_connection((parsed.hostname, port), timeout=timeout):
-            pass
-    except (OSError, ValueError) as err:  # ValueError: a port out of range in the URI
-        raise ConnectionError(f"the MLflow tracking server at {uri} is unreachable: {err}") from err

@@ -11,19 +11,21 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from tensorlens._checks import expected
-from tensorlens.backends.base import Backend, RunInfo
+from tensorlens.backends.base import Backend, ReplayRun, RunInfo
 from tensorlens.backends.keys import tracker_key
 from tensorlens.backends.optional import import_optional, is_lightning_logger
 from tensorlens.engine.metadata import flatten
 from tensorlens.findings import Finding
 from tensorlens.modes import ModeKeys
 from tensorlens.records import HistogramEntry, StepRecord
+from tensorlens.store.runs import folder_name
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
@@ -80,6 +82,7 @@ class TensorBoardBackend(Backend):
     name: ClassVar[str] = "tensorboard"
     supports_histograms: ClassVar[bool] = True
     main_process_only: ClassVar[bool] = True
+    replay_options: ClassVar[tuple[str, ...]] = ("logdir",)
 
     def __init__(
         self,
@@ -129,6 +132,42 @@ class TensorBoardBackend(Backend):
         if not is_lightning_logger(logger, "TensorBoardLogger"):
             return None
         return cls(writer=logger.experiment)
+
+    # -- replay (tensorlens sync --to tensorboard): event files in <logdir>/<run name>, one
+    # TensorBoard run per stored run
+
+    @classmethod
+    def replay_settings(cls, options: dict[str, Any]) -> dict[str, Any]:
+        logdir = options.get("logdir")
+        if not isinstance(logdir, (str, os.PathLike)) or not os.fspath(logdir):
+            raise expected("logdir", "the folder TensorBoard reads (--logdir)", logdir)
+        import_optional("torch.utils.tensorboard", "tensorboard", "tensorlens sync --to tensorboard")
+        return {"logdir": os.path.abspath(os.fspath(logdir))}
+
+    @classmethod
+    def replay_destination(cls, replay: ReplayRun) -> str:
+        return f"tensorboard:{replay.options['logdir']}"
+
+    @classmethod
+    def open_for_replay(cls, replay: ReplayRun, run_name: str) -> tuple[TensorBoardBackend, str]:
+        logdir, run_id = replay.options["logdir"], replay.run_id
+        if run_id is None:  # a new folder: never mix two stored runs of the same name
+            run_id = base = folder_name(run_name)
+            n = 1
+            while os.path.exists(os.path.join(logdir, run_id)):
+                n += 1
+                run_id = f"{base}-{n}"
+        folder = os.path.join(logdir, run_id)
+        if os.path.dirname(os.path.normpath(folder)) != os.path.normpath(logdir):  # check_replay_state's promise, kept here too
+            raise ValueError(f"the TensorBoard run {run_id!r} would not be a folder of {logdir}")
+        return cls(log_dir=folder), run_id
+
+    @classmethod
+    def describe_replay(cls, replay: ReplayRun) -> list[str]:
+        if replay.run_id is None:
+            return []
+        logdir = replay.options["logdir"]
+        return [f"TensorBoard events in {os.path.join(logdir, replay.run_id)}", f"  tensorboard --logdir {shlex.quote(logdir)}"]
 
     def tag(self, key: str, mode: ModeKeys, worker: str | None = None) -> str:
         """The TensorBoard tag of a scalar key or tensor name in ``mode`` (see :mod:`tensorlens.backends.keys`).

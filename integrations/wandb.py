@@ -58,6 +58,7 @@ from tensorlens.backends.base import Backend, RunInfo
 from tensorlens.backends.keys import key_parts
 from tensorlens.backends.optional import import_optional, is_lightning_logger
 from tensorlens.findings import Finding
+from tensorlens.integrations import _wandb_replay
 from tensorlens.modes import ModeKeys
 from tensorlens.records import HistogramEntry, StepRecord, collection_of
 from tensorlens.stats.views import StrideThinner
@@ -116,6 +117,15 @@ class WandbBackend(Backend):
     name: ClassVar[str] = "wandb"
     supports_histograms: ClassVar[bool] = True
     main_process_only: ClassVar[bool] = True
+    # replay (tensorlens sync --to wandb): a new or resumed W&B run, see _wandb_replay
+    replay_options: ClassVar[tuple[str, ...]] = _wandb_replay.OPTIONS
+    replay_metadata_every_session: ClassVar[bool] = True  # each offline session is a run folder of its own
+    replay_settings = classmethod(_wandb_replay.settings)
+    replay_destination = classmethod(_wandb_replay.destination)
+    check_replay_state = classmethod(_wandb_replay.check_state)
+    open_for_replay = classmethod(_wandb_replay.open_for_replay)
+    finish_replay = classmethod(_wandb_replay.finish)
+    describe_replay = classmethod(_wandb_replay.describe)
 
     def __init__(
         self,

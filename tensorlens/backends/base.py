@@ -7,19 +7,25 @@ it needs. Writes happen on a background thread, one thread per backend.
 A backend is one class plus a registry line: the class says itself whether its tracker has an
 active run in this process (:meth:`Backend.detect`, for ``backends="auto"``), what that run is
 called (:meth:`Backend.active_run_name`) and how to come from a Lightning logger
-(:meth:`Backend.from_logger`).
+(:meth:`Backend.from_logger`). The same class replays a stored run (``tensorlens sync RUN --to
+NAME``): its ``replay_*`` class methods say which options a sync takes, where the records go, and
+how the tracker run is opened or continued; their defaults make any backend replayable, and the
+sync machinery (:mod:`tensorlens.sync`) keeps what was sent and the tracker run to continue.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from tensorlens._checks import expected
 from tensorlens.findings import Finding
 from tensorlens.records import StepRecord
+from tensorlens.store.runs import folder_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +48,26 @@ class RunInfo:
     modules: Callable[[], list[dict[str, Any]]] | None = None
 
 
+@dataclasses.dataclass
+class ReplayRun:
+    """The tracker run a sync replays a stored run into, as a backend's ``replay_*`` class methods
+    see it. The sync machinery keeps :attr:`run_id` and :attr:`info` between sessions (in the sync
+    state beside the run, :mod:`tensorlens.sync.state`), so a backend keeps no state of its own.
+    """
+
+    #: the name the backend is registered under (``--to``)
+    to: str
+    #: the sync's options for it, after :meth:`Backend.replay_settings`
+    options: dict[str, Any]
+    #: the tracker run: the one an earlier sync wrote (to continue) or ``None``, then the one opened
+    run_id: str | None = None
+    #: what the backend needs to continue the run next time (plain JSON values, read back untrusted)
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: what :meth:`Backend.open_for_replay` opened for :meth:`Backend.finish_replay` and
+    #: :meth:`Backend.describe_replay` (a W&B run, an MLflow client); this session only
+    tracker: Any = None
+
+
 class Backend:
     """Base class for destinations of records.
 
@@ -56,6 +82,15 @@ class Backend:
       sink with :meth:`bind_findings`, sends what it emits to every other backend's
       :meth:`write_finding`, and flushes and closes it before the others so nothing it finds
       at the end is lost.
+    - ``supports_replay``: ``tensorlens sync RUN --to NAME`` can replay a stored run into it.
+
+    Replay (``tensorlens sync``, :func:`tensorlens.sync_run`): :attr:`replay_options` names the
+    options a sync takes; :meth:`replay_settings` checks them, :meth:`replay_destination` names
+    where the records go (what the sync state is kept under), :meth:`open_for_replay` opens a new
+    tracker run or continues ``replay.run_id`` and returns the backend writing into it, then the
+    backend gets ``open``, ``write_metadata``, ``restore``/``write``/``write_finding``, ``flush``
+    and ``close`` as in a live run, and :meth:`finish_replay` ends the tracker run. The defaults
+    replay into ``cls(**options)`` with the destination named after the backend.
     """
 
     name: ClassVar[str] = "backend"
@@ -64,6 +99,13 @@ class Backend:
     main_process_only: ClassVar[bool] = True
     critical: ClassVar[bool] = False
     produces_findings: ClassVar[bool] = False
+    supports_replay: ClassVar[bool] = True
+    #: the options a sync takes for it (``sync_run(..., key=value)``, ``--option KEY=VALUE``);
+    #: the default :meth:`open_for_replay` passes them to ``__init__``
+    replay_options: ClassVar[tuple[str, ...]] = ()
+    #: send the run metadata in every sync session, not only when the tracker run is created
+    #: (each W&B offline session is a folder of its own, uploaded on its own)
+    replay_metadata_every_session: ClassVar[bool] = False
 
     @classmethod
     def detect(cls) -> bool:
@@ -81,6 +123,60 @@ class Backend:
         """A backend writing into a Lightning logger's own run, or ``None`` if ``logger`` is not
         this tracker's logger (called for every logger of a trainer)."""
         return None
+
+    # ------------------------------------------------------------------ replay (tensorlens sync)
+
+    @classmethod
+    def replay_settings(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """The options of a sync, checked (eagerly: the usual "Expected ..." errors) and with
+        defaults filled in. Only names in :attr:`replay_options` reach it, none ``None``.
+        Default: as given."""
+        return dict(options)
+
+    @classmethod
+    def replay_destination(cls, replay: ReplayRun) -> str:
+        """Where the records go, as a stable string: what a sync keeps its progress under (one
+        tracker run per stored run and destination). Default: the name, and the options."""
+        if not replay.options:
+            return replay.to
+        return replay.to + ":" + ",".join(
+            f"{k}={json.dumps(v, default=str) if not isinstance(v, str) else v}" for k, v in sorted(replay.options.items())
+        )
+
+    @classmethod
+    def replay_environment(cls, replay: ReplayRun) -> dict[str, str]:
+        """Environment variables to set while the sync runs (those the user set are kept), such
+        as a tracker client's network timeouts. Default: none."""
+        return {}
+
+    @classmethod
+    def check_replay_state(cls, replay: ReplayRun) -> str | None:
+        """What is wrong with ``replay.run_id`` and ``replay.info`` kept by an earlier sync (read
+        from a file, so untrusted: the id may name folders and URLs), or ``None``. The default
+        takes ids of word characters, ``.``, ``-`` and ``%`` that do not start with ``.``: one
+        path component, never ``..``."""
+        return run_id_problem(replay.run_id)
+
+    @classmethod
+    def open_for_replay(cls, replay: ReplayRun, run_name: str) -> tuple[Backend, str]:
+        """Open the tracker run (a new one named ``run_name`` when ``replay.run_id`` is ``None``,
+        else continue ``replay.run_id``); returns the backend writing into it (not yet opened)
+        and the run's id. Default: ``cls(**replay.options)``; the id is the stored run's name
+        (made one path component), and a later sync continues it."""
+        return cls(**replay.options), replay.run_id or folder_name(run_name)
+
+    @classmethod
+    def finish_replay(cls, replay: ReplayRun) -> None:  # noqa: B027 - optional hook
+        """After the backend was closed: end the tracker run (W&B ``finish``, MLflow
+        ``FINISHED``). Default: nothing."""
+
+    @classmethod
+    def describe_replay(cls, replay: ReplayRun) -> list[str]:
+        """Lines for the user: where the run went, what to do next (``wandb sync ...``); also
+        called when there was nothing new to send (``replay.tracker`` is then ``None``)."""
+        return []
+
+    # ------------------------------------------------------------------ recording
 
     def open(self, run: RunInfo) -> None:  # noqa: B027 - optional hook
         """Called once, on the dispatcher's thread, before the first write."""
@@ -112,6 +208,8 @@ class Backend:
         """Flush and release resources. Called once."""
 
 
+_RUN_ID = re.compile(r"[A-Za-z0-9_%\-][A-Za-z0-9_.%\-]{0,254}")
+
 # name -> class, or "module:attribute" for integrations so the core never imports a vendor library
 _REGISTRY: dict[str, type[Backend] | str] = {
     "local": "tensorlens.backends.local:LocalBackend",
@@ -120,10 +218,27 @@ _REGISTRY: dict[str, type[Backend] | str] = {
     "mlflow": "tensorlens.integrations.mlflow:MLflowBackend",
     "tensorboard": "tensorlens.integrations.tensorboard:TensorBoardBackend",
 }
+# `supports_replay` of the classes above, so `tensorlens sync --help` lists the replaying backends
+# without importing a tracker (a test checks these against the classes)
+_LAZY_REPLAYS = {
+    "tensorlens.backends.local:LocalBackend": False,  # the stored run itself: not a destination
+    "tensorlens.backends.memory:MemoryBackend": False,  # its records would end with the sync
+    "tensorlens.integrations.wandb:WandbBackend": True,
+    "tensorlens.integrations.mlflow:MLflowBackend": True,
+    "tensorlens.integrations.tensorboard:TensorBoardBackend": True,
+}
+
+
+def run_id_problem(run_id: str | None) -> str | None:
+    """Why ``run_id`` (read back from a sync state) is not one path component, or ``None``."""
+    if run_id is None or not _RUN_ID.fullmatch(run_id):
+        return f"the tracker run id {run_id!r} is not one (it would name a folder or URL outside the tracker's)"
+    return None
 
 
 def register_backend(name: str, backend: type[Backend]) -> None:
-    """Make ``backends=[name]`` create ``backend()``.
+    """Make ``backends=[name]`` create ``backend()``, and ``tensorlens sync RUN --to name`` (and
+    ``sync_run(run, name)``) replay into it unless it sets ``supports_replay = False``.
 
     >>> class Printer(Backend):
     ...     def write(self, record): print(record.step)
@@ -140,6 +255,15 @@ def register_backend(name: str, backend: type[Backend]) -> None:
 
 def registered_backends() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def replaying_backends() -> list[str]:
+    """The registered names ``tensorlens sync --to`` takes (``supports_replay``), found without
+    importing a tracker."""
+    return sorted(
+        name for name, entry in _REGISTRY.items()
+        if (_LAZY_REPLAYS.get(entry, True) if isinstance(entry, str) else entry.supports_replay)
+    )
 
 
 def backend_class(name: str) -> type[Backend]:

@@ -19,6 +19,7 @@ class LocalBackend(Backend):
 
     name: ClassVar[str] = "local"
     supports_tensors: ClassVar[bool] = True
+    supports_replay: ClassVar[bool] = False  # the stored run itself: sync reads it, never writes one
     main_process_only: ClassVar[bool] = False  # each worker keeps its own file
     critical: ClassVar[bool] = True
 

@@ -18,6 +18,7 @@ class MemoryBackend(Backend):
 
     name: ClassVar[str] = "memory"
     supports_tensors: ClassVar[bool] = True
+    supports_replay: ClassVar[bool] = False  # what a sync sent would end with the sync
     main_process_only: ClassVar[bool] = False
 
     def __init__(self) -> None:

@@ -1,29 +1,84 @@
-"""``tensorlens sync RUN --to wandb|mlflow|tensorboard``: replay a stored run into a tracker.
+"""``tensorlens sync RUN --to NAME``: replay a stored run into a tracker.
 
-Again later: only the steps recorded since are sent (what was sent is kept beside the run store,
-which sync only reads; see :mod:`tensorlens.sync`). W&B offline (``WANDB_MODE=offline`` or
-``--offline``) writes an offline run folder, and the command prints the ``wandb sync`` line that
-uploads it. Exit codes as every command's (1 an error, one ``Error: ...`` line, also for a sync
-that stopped midway or found another sync of the run to the destination running; 130 Ctrl-C),
-and 143 for SIGTERM (128 + 15), after the progress is saved.
+``NAME`` is any registered backend that replays: ``wandb``, ``mlflow``, ``tensorboard``, or one of
+your own, registered (``tl.register_backend``) by a module that ``--backend-module MODULE`` or
+``TENSORLENS_BACKENDS="MODULE ..."`` names. The tracker's options are its flags (``--project``,
+``--logdir``, ...) or ``--option KEY=VALUE``. Again later: only the steps recorded since are sent
+(what was sent is kept beside the run store, which sync only reads; see :mod:`tensorlens.sync`).
+W&B offline (``WANDB_MODE=offline`` or ``--offline``) writes an offline run folder, and the command
+prints the ``wandb sync`` line that uploads it. Exit codes as every command's (1 an error, one
+``Error: ...`` line, also for a sync that stopped midway or found another sync of the run to the
+destination running; 130 Ctrl-C), and 143 for SIGTERM (128 + 15), after the progress is saved.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+from collections.abc import Sequence
+from typing import Any
 
 import click
 
+from tensorlens.backends.base import replaying_backends
 from tensorlens.cli.group import echo_lines
 from tensorlens.sync import SyncError, SyncResult, SyncTerminated, sync_run
 
 #: The exit code after SIGTERM: 128 + the signal, as 130 is for Ctrl-C (SIGINT).
 EXIT_TERMINATED = 143
+#: Modules (separated by spaces) imported before ``--to`` is read: they register backends.
+BACKENDS_VARIABLE = "TENSORLENS_BACKENDS"
+
+
+def import_backend_modules(modules: Sequence[str]) -> None:
+    """Import each module (it calls ``tl.register_backend``); a failure is one error line."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as err:  # the user's module: whatever it raises, one line naming it
+            raise ImportError(
+                f"tensorlens sync could not import the backend module {module!r} (--backend-module or "
+                f"{BACKENDS_VARIABLE}): {type(err).__name__}: {err}"
+            ) from None
+
+
+class ReplayingBackend(click.Choice):
+    """``--to``: the registered backends that replay, looked up when the command runs (so one
+    registered by a backend module counts), without importing a tracker's library."""
+
+    def __init__(self) -> None:
+        super().__init__(())
+
+    @property  # type: ignore[override]
+    def choices(self) -> tuple[str, ...]:
+        import_backend_modules(os.environ.get(BACKENDS_VARIABLE, "").split())
+        return tuple(replaying_backends())
+
+    @choices.setter
+    def choices(self, value: Any) -> None:  # click.Choice.__init__ assigns it; the registry decides
+        pass
+
+
+def _backend_modules(ctx: click.Context, param: click.Parameter, value: Sequence[str]) -> None:
+    import_backend_modules(value)
+
+
+def _options(ctx: click.Context, param: click.Parameter, value: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in value:
+        key, sep, text = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key.isidentifier():
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", ctx=ctx, param=param)
+        if key in out:
+            raise click.BadParameter(f"{key!r} given twice", ctx=ctx, param=param)
+        out[key] = text
+    return out
 
 
 @click.command("sync")
 @click.argument("run", type=click.Path(exists=True, file_okay=True, dir_okay=True))
-@click.option("--to", "to", required=True, type=click.Choice(["wandb", "mlflow", "tensorboard"]), help="the tracker")
+@click.option("--to", "to", required=True, type=ReplayingBackend(), help="the tracker: a registered backend that replays")
 @click.option("--project", default=None, help="W&B project (default: WANDB_PROJECT or 'tensorlens')")
 @click.option("--entity", default=None, help="W&B entity")
 @click.option("--offline", is_flag=True, default=None, help="W&B offline: an offline run folder that `wandb sync` uploads")
@@ -32,21 +87,30 @@ EXIT_TERMINATED = 143
 @click.option("--experiment", default=None, help="MLflow experiment name (default: Default; created if missing)")
 @click.option("--artifact-location", default=None, help="MLflow: where a new experiment keeps its artifacts")
 @click.option("--logdir", default=None, type=click.Path(file_okay=False), help="TensorBoard folder; events go to LOGDIR/<run>")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE", callback=_options,
+              help="an option of the backend (its replay_options; a string), repeatable")
+@click.option("--backend-module", multiple=True, metavar="MODULE", is_eager=True, expose_value=False,
+              callback=_backend_modules, help=f"import MODULE first: it registers a backend (also ${BACKENDS_VARIABLE})")
 @click.option("--new-run", is_flag=True, help="forget an earlier sync to this destination and start a new tracker run")
 @click.option("--progress/--no-progress", default=True, help="a progress bar on a terminal")
 def command(run: str, to: str, project: str | None, entity: str | None, offline: bool | None, wandb_dir: str | None,
             tracking_uri: str | None, experiment: str | None, artifact_location: str | None, logdir: str | None,
-            new_run: bool, progress: bool) -> None:
-    """Replay the stored run RUN into W&B, MLflow or TensorBoard; again later, only new steps."""
-    # errors (a folder with no run, an option the target does not take, a tracker missing) become
+            options: dict[str, str], new_run: bool, progress: bool) -> None:
+    """Replay the stored run RUN into a tracker (W&B, MLflow, TensorBoard or a backend of your
+    own); again later, only new steps."""
+    flags = {
+        "project": project, "entity": entity, "offline": offline or None, "wandb_dir": wandb_dir,
+        "tracking_uri": tracking_uri, "experiment": experiment, "artifact_location": artifact_location, "logdir": logdir,
+    }
+    given = {k: v for k, v in flags.items() if v is not None}
+    twice = sorted(given.keys() & options.keys())
+    if twice:
+        raise click.BadParameter(f"{twice[0]!r} is given by --{twice[0].replace('_', '-')} already", param_hint="'--option'")
+    # errors (a folder with no run, an option the backend does not take, a tracker missing) become
     # one "Error: ..." line in the group; a SyncError (a tracker unreachable, a sync that stopped
     # midway, another sync running) is not one of the group's user errors, so it is made one here
     try:
-        result = sync_run(
-            run, to, project=project, entity=entity, offline=offline or None, wandb_dir=wandb_dir,
-            tracking_uri=tracking_uri, experiment=experiment, artifact_location=artifact_location, logdir=logdir,
-            new_run=new_run, progress=progress,
-        )
+        result = sync_run(run, to, options={**given, **options}, new_run=new_run, progress=progress)
     except SyncError as err:
         if os.environ.get("TENSORLENS_DEBUG", "") not in ("", "0"):
             raise

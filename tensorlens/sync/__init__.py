@@ -1,12 +1,16 @@
-"""Replay a stored run into W&B, MLflow or TensorBoard: ``tensorlens sync RUN --to wandb``.
+"""Replay a stored run into any registered backend that replays: ``tensorlens sync RUN --to NAME``.
 
 >>> from tensorlens.sync import sync_run
 >>> sync_run("tensorlens_runs/exp1", "tensorboard", logdir="tb")   # doctest: +SKIP
 
-See :mod:`tensorlens.sync.replay` (what is sent, in which order, how a second sync continues),
-:mod:`tensorlens.sync.state` (what was sent where, kept beside the run store, which sync only
-reads), :mod:`tensorlens.sync.lock` (one sync per run and destination),
-:mod:`tensorlens.sync.signals` (SIGTERM, Ctrl-C) and :mod:`tensorlens.sync.target`.
+A tracker is one :class:`~tensorlens.backends.base.Backend` class, registered once with
+``tl.register_backend(name, cls)``: it records live and replays (its ``replay_*`` class methods;
+the defaults make any backend replayable). See :mod:`tensorlens.sync.replay` (what is sent, in
+which order, how a second sync continues), :mod:`tensorlens.sync.state` (what was sent where and
+the tracker run to continue, kept beside the run store, which sync only reads),
+:mod:`tensorlens.sync.lock` (one sync per run and destination), :mod:`tensorlens.sync.signals`
+(SIGTERM, Ctrl-C) and :mod:`tensorlens.sync.target` (one destination: a backend and its options;
+``register_sync_target`` is a deprecated alias of ``tl.register_backend``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Replaying a stored run into a tracker: ``tensorlens sync RUN --to wandb|mlflow|tensorboard``.
+"""Replaying a stored run into a tracker: ``tensorlens sync RUN --to NAME`` (any registered backend
+that replays: ``wandb``, ``mlflow``, ``tensorboard``, your own).
 
 Every stored record (all modes, all workers: a run folder may hold a file per worker; scalars,
 histograms, what the custom charts are built from), the rule findings,
@@ -29,7 +30,7 @@ import contextlib
 import dataclasses
 import os
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from tensorlens._checks import expected
@@ -67,32 +68,30 @@ class SyncResult:
 
 def sync_run(
     run: str | os.PathLike[str],
-    to: str | SyncTarget,
+    to: str | type[Backend] | SyncTarget,
     *,
-    project: str | None = None,
-    entity: str | None = None,
-    wandb_dir: str | os.PathLike[str] | None = None,
-    offline: bool | None = None,
-    tracking_uri: str | None = None,
-    experiment: str | None = None,
-    artifact_location: str | None = None,
-    logdir: str | os.PathLike[str] | None = None,
+    options: Mapping[str, Any] | None = None,
     new_run: bool = False,
     progress: bool = True,
     checkpoint_every: int = 100,
+    **backend_options: Any,
 ) -> SyncResult:
     """Replay the stored run at ``run`` into a tracker; continue where an earlier sync stopped.
 
     Args:
         run: a run folder (or one of its ``tensorlens*.sqlite`` files).
-        to: ``"wandb"``, ``"mlflow"``, ``"tensorboard"`` or a :class:`SyncTarget`.
-        project, entity, wandb_dir, offline: W&B's project (default ``WANDB_PROJECT`` or
-            ``"tensorlens"``), entity, the folder ``wandb/`` goes in, and offline mode (default:
-            ``WANDB_MODE``).
-        tracking_uri, experiment, artifact_location: MLflow's tracking URI (default
-            ``mlflow.get_tracking_uri()``), experiment name (default ``Default``) and, for an
-            experiment that does not exist yet and is created, where its artifacts go.
-        logdir: TensorBoard's folder; the events go to ``<logdir>/<run name>``.
+        to: the name of a registered backend that replays (``"wandb"``, ``"mlflow"``,
+            ``"tensorboard"``, or your own: ``tl.register_backend``), a Backend class, or a
+            :class:`SyncTarget`.
+        options, **backend_options: the backend's options (its ``replay_options``; ``None``
+            values count as not given), as a dict or as keywords:
+
+            - ``wandb``: ``project`` (default ``WANDB_PROJECT`` or ``"tensorlens"``), ``entity``,
+              ``wandb_dir`` (the folder ``wandb/`` goes in), ``offline`` (default: ``WANDB_MODE``);
+            - ``mlflow``: ``tracking_uri`` (default ``mlflow.get_tracking_uri()``), ``experiment``
+              (default ``Default``), ``artifact_location`` (for an experiment that does not exist
+              yet and is created: where its artifacts go);
+            - ``tensorboard``: ``logdir`` (required); the events go to ``<logdir>/<run name>``.
         new_run: forget an earlier sync to this destination and start a new tracker run.
         progress: show a progress bar (tqdm, when installed, on a terminal).
         checkpoint_every: records between two checkpoints (flush, then mark as sent).
@@ -101,6 +100,11 @@ def sync_run(
     >>> result.records_sent, result.run_id                                                        # doctest: +SKIP
     (120, '3f2a...')
     """
+    if options is not None and not (isinstance(options, Mapping) and all(isinstance(k, str) for k in options)):
+        raise expected("options", "None or a dict of option names to values", options)
+    both = sorted(set(options or {}) & set(backend_options))
+    if both:
+        raise expected(both[0], "given once (it is both in `options` and a keyword)", backend_options[both[0]])
     if not isinstance(new_run, bool):
         raise expected("new_run", "a bool", new_run)
     if not isinstance(progress, bool):
@@ -113,10 +117,7 @@ def sync_run(
     files = store_files(path) if os.path.exists(path) else []
     if not files:
         raise FileNotFoundError(f"no tensorlens run at {path!r} (a run folder holds tensorlens.sqlite)")
-    target = create_target(
-        to, project=project, entity=entity, wandb_dir=wandb_dir, offline=offline,
-        tracking_uri=tracking_uri, experiment=experiment, artifact_location=artifact_location, logdir=logdir,
-    )
+    target = create_target(to, **{**(options or {}), **backend_options})
     # the source is only read, through the reader; what was sent is kept in a state of its own
     with open_run(path) as stored:
         if not stored.meta:

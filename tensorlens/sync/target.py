@@ -1,125 +1,144 @@
-"""Sync targets: where ``tensorlens sync`` replays a stored run.
+"""One destination of ``tensorlens sync``: a backend that replays, and the sync's options for it.
 
-A target is one tracker run (new, or the one an earlier sync wrote) and the backend a live run
-would use to write into it: :class:`~tensorlens.integrations.wandb.WandbBackend`,
-:class:`~tensorlens.integrations.mlflow.MLflowBackend` or
-:class:`~tensorlens.integrations.tensorboard.TensorBoardBackend`. The targets themselves live in
-:mod:`tensorlens.integrations.sync_targets` (they import the trackers); this module holds their
-base class and the name registry, so the core imports no tracker.
+There is one extension point per tracker, the :class:`~tensorlens.backends.base.Backend` class
+registered with ``tl.register_backend(name, cls)``: it records live and, through its
+``replay_*`` class methods, replays a stored run (the defaults make any backend replayable). A
+:class:`SyncTarget` is what one sync knows of its destination: the backend class, the options
+checked against its ``replay_options``, and the :class:`~tensorlens.backends.base.ReplayRun`
+(the tracker run to continue and what the backend keeps for it) that the sync machinery stores
+between sessions (:mod:`tensorlens.sync.state`). It is built by :func:`tensorlens.sync.sync_run`
+from ``to=NAME``; it is no longer an extension point of its own.
 """
 
 from __future__ import annotations
 
-import importlib
-import re
+import warnings
 from typing import Any, ClassVar
 
 from tensorlens._checks import expected
-from tensorlens.backends.base import Backend
+from tensorlens.backends.base import (
+    Backend,
+    ReplayRun,
+    backend_class,
+    register_backend,
+    registered_backends,
+    replaying_backends,
+)
 
 
 class SyncTarget:
-    """One destination of a sync.
+    """A backend that replays and the options of one sync for it.
 
-    Subclasses set :attr:`name`, validate their options in ``__init__`` (eagerly, with the
-    usual "Expected ..." errors) and implement :attr:`key`, :meth:`start` and :meth:`finish`.
+    >>> SyncTarget("tensorboard", logdir="tb").key        # doctest: +SKIP
+    'tensorboard:/abs/tb'
     """
 
-    #: The ``--to`` name.
-    name: ClassVar[str] = "target"
-    #: Send the run metadata in every session, not only when the tracker run is created (each
-    #: W&B offline session is a folder of its own, uploaded on its own).
-    metadata_every_session: ClassVar[bool] = False
-    #: The keyword options it takes (``tensorlens sync`` passes all; the others must be ``None``).
-    options: ClassVar[tuple[str, ...]] = ()
+    #: the backend of a subclass bound to one (the deprecated ``WandbTarget``, ``MLflowTarget``,
+    #: ``TensorBoardTarget`` of :mod:`tensorlens.integrations.sync_targets`)
+    backend: ClassVar[str | None] = None
 
-    def __init__(self) -> None:
-        #: Kept in the sync state between sessions (JSON): what the target needs to continue.
-        self.info: dict[str, Any] = {}
-        #: The tracker run, once started (or known from an earlier session).
-        self.run_id: str | None = None
+    def __init__(self, to: str | type[Backend] | None = None, /, **options: Any) -> None:
+        name, cls = _replaying_backend(to if to is not None else type(self).backend)
+        given = {k: v for k, v in options.items() if v is not None}  # None: not given (the command's unset flags)
+        for option, value in given.items():
+            if option not in cls.replay_options:
+                takes = ", ".join(cls.replay_options) or "no options"
+                raise expected(option, f"None with --to {name} (it takes {takes})", value)
+        #: the ``--to`` name
+        self.name = name
+        self.backend_class = cls
+        self.replay = ReplayRun(name, cls.replay_settings(given))
 
-    @classmethod
-    def from_options(cls, **options: Any) -> SyncTarget:
-        """The target from the options of ``tensorlens sync``; an option it does not take is an error."""
-        for option, value in options.items():
-            if value is not None and option not in cls.options:
-                takes = ", ".join(cls.options) or "no options"
-                raise expected(option, f"None with --to {cls.name} (it takes {takes})", value)
-        return cls(**{k: v for k, v in options.items() if k in cls.options and v is not None})
+    @property
+    def options(self) -> dict[str, Any]:
+        """The options, checked and with the backend's defaults."""
+        return self.replay.options
 
     @property
     def key(self) -> str:
         """Where the records go, as a stable string: what the sync state is kept under."""
-        raise NotImplementedError
+        return self.backend_class.replay_destination(self.replay)
+
+    @property
+    def metadata_every_session(self) -> bool:
+        return self.backend_class.replay_metadata_every_session
+
+    @property
+    def run_id(self) -> str | None:
+        return self.replay.run_id
+
+    @run_id.setter
+    def run_id(self, value: str | None) -> None:
+        self.replay.run_id = value
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return self.replay.info
+
+    @info.setter
+    def info(self, value: dict[str, Any]) -> None:
+        self.replay.info = value
 
     def start(self, run_name: str, run_id: str | None) -> tuple[Backend, str]:
         """Open the tracker run (a new one named ``run_name`` when ``run_id`` is ``None``, else
         continue ``run_id``); returns the backend that writes into it (not yet opened) and the
         run's id."""
-        raise NotImplementedError
+        self.replay.run_id = run_id
+        return self.backend_class.open_for_replay(self.replay, run_name)
 
     def environment(self) -> dict[str, str]:
-        """Environment variables to set while the sync runs (those the user has set are kept):
-        the tracker client's network timeouts and retries, so a tracker that goes away fails
-        the sync in seconds rather than minutes."""
-        return {}
+        return self.backend_class.replay_environment(self.replay)
 
     def check_state(self, run_id: str, info: dict[str, Any]) -> str | None:
-        """What is wrong with the tracker run id and ``info`` kept from an earlier sync (read from
-        a file, so untrusted: the id names folders and URLs), or ``None``. The default takes ids
-        of word characters, ``.``, ``-`` and ``%`` that do not start with ``.``: one path
-        component, never ``..``."""
-        if not _RUN_ID.fullmatch(run_id):
-            return f"the tracker run id {run_id!r} is not one (it would name a folder or URL outside the tracker's)"
-        return None
+        """What is wrong with the run id and info an earlier sync kept (untrusted), or ``None``."""
+        return self.backend_class.check_replay_state(ReplayRun(self.name, self.replay.options, run_id, info))
 
-    def finish(self) -> None:  # noqa: B027 - optional hook
-        """After the backend was closed: end the tracker run (W&B ``finish``, MLflow ``FINISHED``)."""
+    def finish(self) -> None:
+        """After the backend was closed: end the tracker run."""
+        self.backend_class.finish_replay(self.replay)
 
     def describe(self) -> list[str]:
-        """Lines for the user: where the run went, and what to do next (``wandb sync ...``);
-        also called without :meth:`start` when there was nothing new to send."""
-        return []
+        return self.backend_class.describe_replay(self.replay)
 
 
-_RUN_ID = re.compile(r"[A-Za-z0-9_%\-][A-Za-z0-9_.%\-]{0,254}")
-
-_TARGETS: dict[str, str | type[SyncTarget]] = {
-    "wandb": "tensorlens.integrations.sync_targets:WandbTarget",
-    "mlflow": "tensorlens.integrations.sync_targets:MLflowTarget",
-    "tensorboard": "tensorlens.integrations.sync_targets:TensorBoardTarget",
-}
+def _replaying_backend(to: Any) -> tuple[str, type[Backend]]:
+    """``(name, class)`` of ``to``: a registered name or a Backend class, one that replays."""
+    if isinstance(to, type) and issubclass(to, Backend):
+        name, cls = to.name, to
+    elif isinstance(to, str) and to in replaying_backends():
+        name, cls = to, backend_class(to)
+    else:
+        registered = isinstance(to, str) and to in registered_backends()
+        raise expected(
+            "to", f"one of {replaying_backends()} (a backend registered with tl.register_backend), a Backend class "
+            f"or a SyncTarget{' (this backend sets supports_replay = False)' if registered else ''}", to,
+        )
+    if not cls.supports_replay:
+        raise expected("to", f"a backend that replays ({cls.__name__} sets supports_replay = False)", to)
+    return name, cls
 
 
 def sync_target_names() -> list[str]:
-    return sorted(_TARGETS)
+    """The ``--to`` names: the registered backends that replay."""
+    return replaying_backends()
 
 
-def register_sync_target(name: str, target: type[SyncTarget]) -> None:
-    """Make ``tensorlens sync RUN --to name`` (and ``sync_run(..., to=name)``) use ``target``.
-
-    >>> class Printer(SyncTarget): ...       # doctest: +SKIP
-    >>> register_sync_target("printer", Printer)   # doctest: +SKIP
-    """
-    if not isinstance(name, str) or not name:
-        raise expected("name", "a non-empty string", name)
-    if not (isinstance(target, type) and issubclass(target, SyncTarget)):
-        raise expected("target", "a subclass of tensorlens.sync.SyncTarget", target)
-    _TARGETS[name] = target
+def register_sync_target(name: str, target: type[Backend]) -> None:
+    """Deprecated: ``tl.register_backend(name, cls)`` makes a backend record live and replay."""
+    if not (isinstance(target, type) and issubclass(target, Backend)):
+        raise expected(
+            "target", "a Backend class (a backend replays through its replay_* class methods; "
+            "register it with tl.register_backend, see docs/backends.md)", target,
+        )
+    warnings.warn("register_sync_target is deprecated: use tl.register_backend(name, cls)", DeprecationWarning, stacklevel=2)
+    register_backend(name, target)
 
 
-def create_target(to: str | SyncTarget, **options: Any) -> SyncTarget:
-    """The target named ``to`` built with ``options`` (those it does not take must be ``None``)."""
+def create_target(to: str | type[Backend] | SyncTarget, **options: Any) -> SyncTarget:
+    """The destination ``to`` with ``options`` (``None`` values: not given)."""
     if isinstance(to, SyncTarget):
         given = sorted(k for k, v in options.items() if v is not None)
         if given:  # they would be ignored: the target was built with its own
             raise expected(given[0], "None when `to` is a SyncTarget (give it to the target)", options[given[0]])
         return to
-    if not isinstance(to, str) or to not in _TARGETS:
-        raise expected("to", f"one of {sync_target_names()} or a SyncTarget", to)
-    entry = _TARGETS[to]
-    if isinstance(entry, str):
-        module, attribute = entry.split(":")
-        entry = _TARGETS[to] = getattr(importlib.import_module(module), attribute)
-    return entry.from_options(**options)  # type: ignore[attr-defined,union-attr]
+    return SyncTarget(to, **options)
