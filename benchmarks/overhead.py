@@ -1066,7 +1066,7 @@ def measure_per_tensor(paths: Sequence[str], count: int = 1000, steps: int = 15)
     pre-hook (the jobs, the statistics, the one host copy) on the training thread, and of building
     the record and writing the store on the dispatcher thread; medians over ``steps`` steps."""
     import tensorlens.engine.recorder as recorder_module
-    from tensorlens.engine import assemble
+    from tensorlens.dispatch import assemble
     from tensorlens.store import writer
 
     out = []

@@ -16,8 +16,8 @@ from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, registered_backends
 from tensorlens.collection import DEFAULT_KINDS
 from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig
+from tensorlens.dispatch.epochs import check_epoch_statistics
 from tensorlens.engine.dynamics import DynamicsConfig
-from tensorlens.engine.epochs import check_epoch_statistics
 from tensorlens.engine.recorder import WORKER_MODES
 from tensorlens.store.runs import check_resume
 from tensorlens.watch import histogram_config_from

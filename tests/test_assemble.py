@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from tensorlens.compute.host_statistics import HostStatistics
+from tensorlens.compute.jobs import TensorJob
+from tensorlens.compute.step import StepStatistics
 from tensorlens.config import HistogramConfig
-from tensorlens.engine.assemble import HostStatistics, host_record
-from tensorlens.engine.jobs import TensorJob
-from tensorlens.engine.step import StepStatistics
+from tensorlens.dispatch.assemble import host_record
 from tensorlens.records import StepRecord
 from tensorlens.stats.views import histogram_quantile_rows, histogram_quantiles, quantile_name
 

@@ -26,7 +26,7 @@ from torch import nn
 
 import tensorlens as tl
 from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig
-from tensorlens.engine.assemble import host_record
+from tensorlens.dispatch.assemble import host_record
 from tensorlens.stats.histogram import reject_outliers
 
 WORLD = 2
@@ -126,9 +126,9 @@ def _host_entries(host: Any) -> dict[str, Any]:
 
 def _engine_part(rank: int) -> dict[str, Any]:
     """StepStatistics with the CollectiveReducer, no hook: the slow (differing jobs) and fast paths."""
-    from tensorlens.engine.distributed import CollectiveReducer
-    from tensorlens.engine.jobs import TensorJob
-    from tensorlens.engine.step import StepStatistics
+    from tensorlens.compute.distributed import CollectiveReducer
+    from tensorlens.compute.jobs import TensorJob
+    from tensorlens.compute.step import StepStatistics
 
     reducer = CollectiveReducer()
     jobs = []

@@ -29,15 +29,16 @@ def modules() -> dict[str, str]:
     return found
 
 
-def module_level_imports(path: str, name: str) -> set[str]:
-    """tensorlens modules imported when ``name`` is imported (not inside functions, not for typing)."""
+def module_level_imports(path: str, name: str, typing: bool = False) -> set[str]:
+    """tensorlens modules imported when ``name`` is imported (not inside functions; for typing
+    only with ``typing``)."""
     tree = ast.parse(open(path, encoding="utf-8").read())
     out: set[str] = set()
     package = name if path.endswith("__init__.py") else name.rsplit(".", 1)[0]
 
     def visit(nodes: list[ast.stmt]) -> None:
         for node in nodes:
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test) and not typing:
                 continue
             if isinstance(node, ast.Import):
                 out.update(alias.name for alias in node.names)
@@ -57,8 +58,12 @@ def module_level_imports(path: str, name: str) -> set[str]:
 
 
 def test_no_import_cycle() -> None:
+    """Type-only imports count: a cycle a type checker sees is a cycle of concepts all the same."""
     mods = modules()
-    graph = {name: {m for m in module_level_imports(path, name) if m in mods and m != name} for name, path in mods.items()}
+    graph = {
+        name: {m for m in module_level_imports(path, name, typing=True) if m in mods and m != name}
+        for name, path in mods.items()
+    }
     # importing a submodule imports its packages first
     for name in list(graph):
         graph[name] |= {p for p in (".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)) if p in mods} - {name}
@@ -103,3 +108,61 @@ def test_every_module_says_what_it_holds_and_stays_small(name: str) -> None:
 def test_the_core_imports_no_optional_dependency_at_import_time(name: str) -> None:
     imported = {m.split(".")[0] for m in module_level_imports(modules()[name], name)}
     assert not imported & OPTIONAL, f"{name} imports {sorted(imported & OPTIONAL)} at module level"
+
+
+def all_imports(path: str, name: str) -> set[str]:
+    """Every tensorlens module ``name`` imports anywhere: at module level, inside functions and
+    for typing alike."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    package = name if path.endswith("__init__.py") else name.rsplit(".", 1)[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            out.add(base)
+            out.update(f"{base}.{alias.name}" for alias in node.names)
+    return out
+
+
+# The batched statistics are "jobs in, host statistics out": they know nothing of the recorder, the
+# dispatcher thread, the captures or the backends, so they can be tested, benchmarked and changed alone.
+COMPUTE_MUST_NOT_IMPORT = ("tensorlens.engine", "tensorlens.dispatch", "tensorlens.capture", "tensorlens.backends")
+
+
+@pytest.mark.parametrize("name", sorted(n for n in modules() if n == "tensorlens.compute" or n.startswith("tensorlens.compute.")))
+def test_compute_imports_nothing_of_the_recorder_the_dispatcher_the_captures_or_the_backends(name: str) -> None:
+    imported = all_imports(modules()[name], name)
+    wrong = sorted(m for m in imported if any(m == p or m.startswith(p + ".") for p in COMPUTE_MUST_NOT_IMPORT))
+    assert not wrong, f"{name} imports {wrong}"
+
+
+def test_the_compute_check_sees_every_kind_of_import(tmp_path) -> None:
+    """The check above would catch an import inside a function, a relative one and a typing-only one."""
+    source = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tensorlens.engine.recorder import Recorder\n"
+        "def f():\n    from ..dispatch import assemble\n    import tensorlens.backends.base\n"
+    )
+    path = tmp_path / "probe.py"
+    path.write_text(source)
+    found = all_imports(str(path), "tensorlens.compute.probe")
+    assert {"tensorlens.engine.recorder", "tensorlens.dispatch", "tensorlens.backends.base"} <= found
+
+
+# The packages split by thread (issue 23) share only public names: a private one (``from x import
+# _y``) would tie a module to what its owner may change without notice. Dunder names are public.
+THREAD_PACKAGES = ("tensorlens.engine", "tensorlens.compute", "tensorlens.dispatch")
+
+
+@pytest.mark.parametrize("name", sorted(n for n in modules() if n.startswith(THREAD_PACKAGES)))
+def test_no_private_name_is_imported_across_modules(name: str) -> None:
+    tree = ast.parse(open(modules()[name], encoding="utf-8").read())
+    wrong = [
+        f"{node.module}.{alias.name}" for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and ((node.module or "").startswith("tensorlens") or node.level)
+        for alias in node.names if alias.name.startswith("_") and not alias.name.startswith("__")
+    ]
+    assert not wrong, f"{name} imports private names {wrong}"

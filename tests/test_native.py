@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
+from tensorlens.compute.jobs import TensorJob
+from tensorlens.compute.step import StepStatistics
 from tensorlens.config import HistogramConfig
-from tensorlens.engine.assemble import host_record
-from tensorlens.engine.jobs import TensorJob
-from tensorlens.engine.step import StepStatistics
+from tensorlens.dispatch.assemble import host_record
 from tensorlens.stats import native
 from tensorlens.stats.histogram import histogram_counts, histogram_range, sample_stride
 from tensorlens.stats.moments import COL, NATIVE_COLUMNS, partial_rows

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from tensorlens.compute.jobs import TensorJob
+from tensorlens.compute.step import StepStatistics
 from tensorlens.config import HistogramConfig
-from tensorlens.engine.assemble import host_record
-from tensorlens.engine.jobs import TensorJob
-from tensorlens.engine.step import StepStatistics
+from tensorlens.dispatch.assemble import host_record
 from tensorlens.stats.histogram import sample_stride
 from tensorlens.stats.moments import COL
 from tensorlens.stats.torch_rows import TorchRows, nonfinite_count_rows

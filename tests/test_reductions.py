@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from tensorlens.compute.jobs import TensorJob
+from tensorlens.compute.step import StepStatistics
 from tensorlens.config import HistogramConfig
-from tensorlens.engine.assemble import host_record
-from tensorlens.engine.jobs import TensorJob
-from tensorlens.engine.step import StepStatistics
+from tensorlens.dispatch.assemble import host_record
 from tensorlens.stats.histogram import histogram_range, histogram_scale
 from tensorlens.stats.moments import PARTIALS, merge_partials, needed_columns, partial_row
 from tensorlens.stats.registry import STATISTICS

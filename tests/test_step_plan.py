@@ -14,12 +14,12 @@ from torch import nn
 import tensorlens as tl
 from tensorlens.backends.memory import MemoryBackend
 from tensorlens.collection import Kind
+from tensorlens.compute.jobs import TensorJob
+from tensorlens.compute.step import StepStatistics
 from tensorlens.config import HistogramConfig, ReductionConfig
+from tensorlens.dispatch.assemble import host_record
 from tensorlens.engine import gather
-from tensorlens.engine.assemble import host_record
-from tensorlens.engine.jobs import TensorJob
-from tensorlens.engine.plan_cache import ParameterJobs
-from tensorlens.engine.step import StepStatistics
+from tensorlens.engine.parameter_jobs import ParameterJobs
 from tensorlens.modes import ModeKeys
 
 pytestmark = pytest.mark.usefixtures("kernel")

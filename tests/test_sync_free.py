@@ -26,10 +26,10 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
+from tensorlens.compute.jobs import TensorJob
+from tensorlens.compute.step import StepStatistics
 from tensorlens.config import HistogramConfig
-from tensorlens.engine.assemble import host_record
-from tensorlens.engine.jobs import TensorJob
-from tensorlens.engine.step import StepStatistics
+from tensorlens.dispatch.assemble import host_record
 from tensorlens.stats.histogram import histogram_counts
 from tensorlens.stats.moments import COL
 
@@ -161,7 +161,7 @@ def test_index_add_histograms_equal_bincount_ones() -> None:
 def test_an_activation_reduced_in_its_hook_does_not_wait_either(torch_ops, monkeypatch) -> None:
     """A large activation is reduced where it is captured (PyTorch ops on a GPU, its row kept on
     the device): no host sync there either, once its plan exists."""
-    from tensorlens.engine import jobs
+    from tensorlens.compute import jobs
     from tensorlens.stats.torch_rows import TorchRows
 
     monkeypatch.setattr(jobs, "_torch_rows", lambda numel, dtype, device, columns: TorchRows(

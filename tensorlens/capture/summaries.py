@@ -1,37 +1,16 @@
 """``tl.summarize_scalar`` and ``tl.summarize_tensor``: record values from inside ``forward``.
 
 Both are no-ops when no hook is watching (one list lookup), so they can stay in model code.
-Every live recorder registers here when it is created and leaves when it is closed; values go
-to its public ``add_summary``. This module imports nothing of the recorder (no import cycle).
+Every live recorder registers in :mod:`tensorlens.engine.summary_targets` when it is created and
+leaves when it is closed; values go to its public ``add_summary``. This module imports nothing of
+the recorder (no import cycle).
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
-from typing import TYPE_CHECKING
-
 import torch
 
-if TYPE_CHECKING:
-    from tensorlens.engine.recorder import Recorder
-
-_active: list[weakref.ref[Recorder]] = []
-_lock = threading.Lock()
-
-
-def activate(hook: Recorder) -> None:
-    with _lock:
-        _active.append(weakref.ref(hook))
-
-
-def deactivate(hook: Recorder) -> None:
-    with _lock:
-        _active[:] = [ref for ref in _active if ref() is not None and ref() is not hook]
-
-
-def _hooks() -> list[Recorder]:
-    return [hook for hook in (ref() for ref in list(_active)) if hook is not None]
+from tensorlens.engine import summary_targets
 
 
 def summarize_scalar(name: str, value: float | torch.Tensor) -> None:
@@ -42,10 +21,10 @@ def summarize_scalar(name: str, value: float | torch.Tensor) -> None:
 
     >>> summarize_scalar("attn_entropy", torch.tensor(0.7))  # no-op without a hook
     """
-    if not _active:
+    if not summary_targets.any_live():
         return
-    for hook in _hooks():
-        hook.add_summary(name, value, is_tensor=False)
+    for target in summary_targets.live():
+        target.add_summary(name, value, is_tensor=False)
 
 
 def summarize_tensor(name: str, tensor: torch.Tensor) -> None:
@@ -54,7 +33,7 @@ def summarize_tensor(name: str, tensor: torch.Tensor) -> None:
 
     >>> summarize_tensor("logits", torch.zeros(2, 3))  # no-op without a hook
     """
-    if not _active:
+    if not summary_targets.any_live():
         return
-    for hook in _hooks():
-        hook.add_summary(name, tensor, is_tensor=True)
+    for target in summary_targets.live():
+        target.add_summary(name, tensor, is_tensor=True)

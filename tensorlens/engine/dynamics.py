@@ -19,9 +19,9 @@ What it holds, and when (everything on the parameters' device unless said otherw
 Across micro-batches and module calls the sums add up; across ranks one ``all_reduce`` per
 saved step sums the per-parameter partial sums of sharded (FSDP) parameters and the per-unit
 counts of every module, so every statistic is that of the global batch and the whole parameter.
-Per-sample norms become ordinary :class:`~tensorlens.engine.jobs.TensorJob` s (partitioned:
+Per-sample norms become ordinary :class:`~tensorlens.compute.jobs.TensorJob` s (partitioned:
 concatenated across calls and ranks), the per-unit rates one each (identical on every rank once
-summed), and the scalars (:class:`~tensorlens.engine.jobs.DerivedScalars`) ride in the step's
+summed), and the scalars (:class:`~tensorlens.compute.jobs.DerivedScalars`) ride in the step's
 one host copy.
 """
 
@@ -34,9 +34,9 @@ from typing import Any
 
 import torch
 
+from tensorlens.compute.jobs import DerivedScalars, TensorJob
 from tensorlens.config import DynamicsConfig, ReductionConfig
-from tensorlens.engine.jobs import DerivedScalars, TensorJob
-from tensorlens.engine.plan import Planner
+from tensorlens.engine.schedule import Schedule
 from tensorlens.modes import ModeKeys
 from tensorlens.stats import derived
 from tensorlens.stats.derived import PARAMETER_PARTIALS, PARAMETER_STATISTICS, PARTIAL
@@ -107,13 +107,13 @@ class Dynamics:
     def __init__(
         self,
         config: DynamicsConfig,
-        planner: Planner,
+        schedule: Schedule,
         warn: Callable[[str], None],
         mode: Callable[[], ModeKeys],
         active: Callable[[], bool],
     ) -> None:
         self.config = config
-        self._planner = planner
+        self._schedule = schedule
         self._warn = warn
         self._mode = mode
         self._active = active
@@ -127,7 +127,7 @@ class Dynamics:
     # ------------------------------------------------------------------ parameters
 
     def _collection_matches(self, name: str) -> bool:
-        return self._planner.collection("dynamics").matches("dynamics", name)
+        return self._schedule.collection("dynamics").matches("dynamics", name)
 
     def before_update(
         self, parameters: Callable[[], list[tuple[str, torch.Tensor]]], step: int, saving: bool, next_saves: bool, piece: Piece
@@ -141,7 +141,7 @@ class Dynamics:
         """
         cfg = self.config
         self._step = None
-        if not cfg.parameters or not self._planner.is_enabled("dynamics"):
+        if not cfg.parameters or not self._schedule.is_enabled("dynamics"):
             return
         if cfg.distance_from_init and self._init is None:
             self._init = {}
@@ -280,7 +280,7 @@ class Dynamics:
     def complete_nonfinite(self, host: Any, reducer: Any, rank: int, to_host: Callable[[torch.Tensor], Any]) -> None:
         """After the step's host copy: when the global gradient norm is not finite, count the
         NaN/Inf gradient values exactly (a second, small pass and copy, on such steps only).
-        ``host`` is the step's :class:`~tensorlens.engine.assemble.HostStatistics`; with
+        ``host`` is the step's :class:`~tensorlens.dispatch.assemble.HostStatistics`; with
         ``reducer`` a collective, which every rank makes (their merged norms agree)."""
         state, self._counting = self._counting, None
         if state is None or (GLOBAL, "grad_nonfinite_count") not in host.derived_names:
@@ -387,7 +387,7 @@ class Dynamics:
         grads = {key[1:]: norms for key, norms in self._grad_norms.items() if key[0] == mode}
         for key in [k for k in self._grad_norms if k[0] == mode]:
             del self._grad_norms[key]
-        collection = self._planner.collection("dynamics")
+        collection = self._schedule.collection("dynamics")
         jobs: list[TensorJob] = []
         for name, acc in units.items():
             if acc.norms:
@@ -453,7 +453,7 @@ class Dynamics:
         reduction = collection.reduction_config or DYNAMICS_REDUCTIONS
         return TensorJob(
             name=name, pieces=pieces, stats=reduction.stat_names(),
-            histogram=collection.histogram_config or self._planner.histogram_config,
+            histogram=collection.histogram_config or self._schedule.histogram_config,
             save_raw=reduction.save_raw_tensor, save_shape=reduction.save_shape, partitioned=partitioned,
         )
 

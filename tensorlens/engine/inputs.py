@@ -17,14 +17,14 @@ import torch
 from tensorlens._checks import expected
 from tensorlens._runtime import compiling
 from tensorlens.collection import Kind
+from tensorlens.compute.jobs import ReducedPiece, TensorJob, reduce_now
 from tensorlens.engine import gather
-from tensorlens.engine.jobs import ReducedPiece, TensorJob, reduce_now
 from tensorlens.records import ScalarEntry
 
 if TYPE_CHECKING:
+    from tensorlens.engine.parameter_jobs import ParameterJobs
     from tensorlens.engine.pending import PendingCaptures
-    from tensorlens.engine.plan import Planner
-    from tensorlens.engine.plan_cache import ParameterJobs
+    from tensorlens.engine.schedule import Schedule
     from tensorlens.modes import ModeKeys
 
 #: Captured tensors of at least this many values are reduced in the hook (see CallerValues.capture).
@@ -35,7 +35,7 @@ class CallerValues:
     """``save_scalar``, ``save_tensor``, ``add_loss``, ``add_summary`` and ``capture`` of a
     recorder, and the jobs and scalars of what it was given."""
 
-    planner: Planner
+    schedule: Schedule
     _pending: PendingCaptures
     _parameter_job_cache: ParameterJobs
     _sources: list[Any]
@@ -64,7 +64,7 @@ class CallerValues:
             value = float(value)
         else:
             raise expected("value", "a number or a one-element tensor", value)
-        if self.planner.saves(Kind.SCALARS, self._mode, self._mode_steps[self._mode]):
+        if self.schedule.saves(Kind.SCALARS, self._mode, self._mode_steps[self._mode]):
             self._pending.add_scalar(self._mode, Kind.SCALARS, name, value)
 
     def save_tensor(self, name: str, tensor: torch.Tensor, collections_to_write: str | Iterable[str] = "default") -> None:
@@ -81,8 +81,8 @@ class CallerValues:
         for collection in names:
             if collection == "default":
                 collection = Kind.SUMMARIES.value
-            self.planner.ensure_collection(collection)
-            if self.planner.saves(collection, self._mode, self._mode_steps[self._mode]):
+            self.schedule.ensure_collection(collection)
+            if self.schedule.saves(collection, self._mode, self._mode_steps[self._mode]):
                 copy = tensor.detach().clone() if copy is None else copy
                 self._pending.add_explicit(self._mode, collection, name, copy)
 
@@ -139,7 +139,7 @@ class CallerValues:
         # any device: the compiled kernel on a CPU, PyTorch ops elsewhere (rows stay on the device)
         if compiling() or tensor.layout != torch.strided or tensor.numel() < REDUCE_WHEN_CAPTURED:
             return None
-        plan = self.planner.capture_plan(self._mode, kind, module_name, self._saving(self._mode))
+        plan = self.schedule.capture_plan(self._mode, kind, module_name, self._saving(self._mode))
         return reduce_now(tensor, plan) if plan is not None else None
 
     def _parameters(self) -> list[tuple[str, torch.Tensor]]:
@@ -156,11 +156,11 @@ class CallerValues:
         return out
 
     def _parameter_jobs(self, saving: frozenset[str]) -> list[TensorJob]:
-        return self._parameter_job_cache.jobs(self.planner, self._parameters, saving)
+        return self._parameter_job_cache.jobs(self.schedule, self._parameters, saving)
 
     def _pending_jobs(self, saving: frozenset[str], mode: ModeKeys) -> list[TensorJob]:
         """Jobs for everything captured in ``mode`` since its last boundary; forgets those."""
-        jobs = gather.pending_jobs(self.planner, self._pending, saving, mode)
+        jobs = gather.pending_jobs(self.schedule, self._pending, saving, mode)
         if self._pending.changed:
             names, self._pending.changed = self._pending.changed, []
             self.warn_once(

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from tensorlens._version import __version__
 from tensorlens.config import ReductionConfig
 from tensorlens.names import record_safe
 
@@ -112,8 +113,6 @@ def model_metadata(parameters: Iterable[tuple[str, torch.Tensor]]) -> dict[str, 
 
 
 def versions() -> dict[str, str]:
-    from tensorlens import __version__  # here: tensorlens/__init__ imports the engine
-
     return {"tensorlens": __version__, "torch": torch.__version__, "python": platform.python_version()}
 
 

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 
 from tensorlens._runtime import compiling
-from tensorlens.engine.jobs import ReducedPiece
+from tensorlens.compute.jobs import ReducedPiece
 from tensorlens.modes import ModeKeys
 
 

@@ -33,24 +33,23 @@ import torch
 from tensorlens._checks import expected, names_list
 from tensorlens._runtime import distributed_rank
 from tensorlens.backends.base import Backend, RunInfo, resolve_backends
-from tensorlens.capture import summaries
 from tensorlens.collection import DEFAULT_KINDS, MODULE_KINDS, Collection, Kind
+from tensorlens.compute.jobs import DerivedScalars, TensorJob
+from tensorlens.compute.step import StepStatistics
 from tensorlens.config import DynamicsConfig, HistogramConfig, ReductionConfig, SaveConfig
 from tensorlens.dispatch import BackendStats, Dispatcher
-from tensorlens.engine import gather
-from tensorlens.engine.assemble import HostStatistics, PendingStep, build_record
+from tensorlens.dispatch.assemble import HostStatistics, PendingStep, build_record
+from tensorlens.dispatch.epochs import EpochAggregator
+from tensorlens.engine import gather, summary_targets
 from tensorlens.engine.dynamics import Dynamics
-from tensorlens.engine.epochs import EpochAggregator
 from tensorlens.engine.inputs import REDUCE_WHEN_CAPTURED, CallerValues
-from tensorlens.engine.jobs import DerivedScalars, TensorJob
 from tensorlens.engine.metadata import metadata_of
+from tensorlens.engine.parameter_jobs import ParameterJobs
 from tensorlens.engine.pending import PendingCaptures
-from tensorlens.engine.plan import Planner
-from tensorlens.engine.plan_cache import ParameterJobs
 from tensorlens.engine.recorder_dynamics import DynamicsSteps
 from tensorlens.engine.run_setup import WORKER_MODES, check_arguments, locate_run, stored_step_counters
+from tensorlens.engine.schedule import Schedule
 from tensorlens.engine.sources import ScalarSource, SourceHooks, TensorSource
-from tensorlens.engine.step import StepStatistics
 from tensorlens.modes import ModeKeys
 from tensorlens.records import ScalarEntry
 from tensorlens.stats import native
@@ -114,7 +113,7 @@ class Recorder(CallerValues, DynamicsSteps):
         )
         self.collective_timeout = collective_timeout
 
-        self.planner = Planner(
+        self.schedule = Schedule(
             save_config or SaveConfig(),
             reduction_config,
             histogram_config or HistogramConfig(),
@@ -126,7 +125,7 @@ class Recorder(CallerValues, DynamicsSteps):
         self.worker = "reduced" if self.world_size > 1 and include_workers == "reduce" else f"worker_{self.rank}"
         self._reducer: Any = None
         if self.world_size > 1 and include_workers == "reduce":
-            from tensorlens.engine.distributed import CollectiveReducer
+            from tensorlens.compute.distributed import CollectiveReducer
 
             self._reducer = CollectiveReducer(timeout=collective_timeout)
 
@@ -144,7 +143,7 @@ class Recorder(CallerValues, DynamicsSteps):
             self.run_name, self.run_dir, self.rank, self.world_size, {"include_workers": include_workers},
             metadata=metadata_of(self), modules=self._describe_modules,
         )
-        # epoch aggregates are taken from the records on the dispatcher thread (see engine/epochs.py)
+        # epoch aggregates are taken from the records on the dispatcher thread (see dispatch/epochs.py)
         self._epochs = EpochAggregator(chosen_epoch_statistics, build_record, self.worker)
         self._dispatcher = Dispatcher(self._backends, run, max_pending=max_pending_steps, build=self._epochs.build)
 
@@ -166,14 +165,14 @@ class Recorder(CallerValues, DynamicsSteps):
         self._parameter_job_cache = ParameterJobs()  # the jobs of the parameters, reused across steps
         #: The bookkeeping of the ``dynamics`` collection (module taps feed it; see engine/dynamics.py).
         self.dynamics = Dynamics(
-            dynamics_config or DynamicsConfig(), self.planner, self.warn_once, lambda: self._mode,
+            dynamics_config or DynamicsConfig(), self.schedule, self.warn_once, lambda: self._mode,
             lambda: not (self._paused or self._closed),
         )
         native.prepare()  # compile the CPU kernel off the training thread, before the first saved step
         self._warned: set[str] = set()
         self._closed = False
         self._paused = False
-        summaries.activate(self)
+        summary_targets.register(self)
 
     # ------------------------------------------------------------------ run location
 
@@ -197,16 +196,22 @@ class Recorder(CallerValues, DynamicsSteps):
     # ------------------------------------------------------------------ configuration
 
     @property
+    def planner(self) -> Schedule:
+        """The :attr:`schedule` under its former name (the Hook's ``scales`` option and a test
+        still use it)."""
+        return self.schedule
+
+    @property
     def save_config(self) -> SaveConfig:
-        return self.planner.save_config
+        return self.schedule.save_config
 
     @property
     def reduction_config(self) -> ReductionConfig | None:
-        return self.planner.reduction_config
+        return self.schedule.reduction_config
 
     @property
     def histogram_config(self) -> HistogramConfig:
-        return self.planner.histogram_config
+        return self.schedule.histogram_config
 
     def get_collection(self, name: str) -> Collection:
         """The collection called ``name``, created (as a custom collection) if new.
@@ -214,18 +219,18 @@ class Recorder(CallerValues, DynamicsSteps):
         Configuring a collection (``include``) enables it; built-ins are also enabled through
         ``include_collections``.
         """
-        return self.planner.get_collection(name)
+        return self.schedule.get_collection(name)
 
     def add_collection(self, collection: Collection) -> Collection:
         """Add (and enable) a collection built by hand."""
-        return self.planner.add_collection(collection)
+        return self.schedule.add_collection(collection)
 
     @property
     def collections(self) -> dict[str, Collection]:
-        return self.planner.collections
+        return self.schedule.collections
 
     def enabled_collections(self) -> list[str]:
-        return self.planner.enabled_collections()
+        return self.schedule.enabled_collections()
 
     def pause(self) -> None:
         """Ignore summaries, losses and module captures until :meth:`unpause` (Lightning's
@@ -287,7 +292,7 @@ class Recorder(CallerValues, DynamicsSteps):
     def _saving(self, mode: ModeKeys) -> frozenset[str]:
         if self.world_size > 1 and self.include_workers == "one" and self.rank != 0:
             return frozenset()  # "one": ranks other than 0 capture and compute nothing
-        return self.planner.saving(mode, self._mode_steps[mode])
+        return self.schedule.saving(mode, self._mode_steps[mode])
 
     # ------------------------------------------------------------------ step boundaries
 
@@ -306,7 +311,7 @@ class Recorder(CallerValues, DynamicsSteps):
         self._dynamics_mark = self.dynamics.mark()
         if mode in (ModeKeys.EVAL, ModeKeys.PREDICT):
             self._open_eval = mode
-        self._hooks.begin(self.planner.with_kinds(self._saving(mode), MODULE_KINDS), self.planner.version)
+        self._hooks.begin(self.schedule.with_kinds(self._saving(mode), MODULE_KINDS), self.schedule.version)
 
     def abandon_step(self) -> None:
         """Forget what was captured since the last :meth:`begin_step`: its forward raised and the
@@ -338,10 +343,10 @@ class Recorder(CallerValues, DynamicsSteps):
         host_scalars = self._optimizer_scalars(optimizer, saving) + self._source_scalars(saving)
         self._pre_step = (self._compute(jobs, saving), host_scalars)
         self._dynamics_before_update(saving, mode)
-        if self.planner.with_kinds(saving, (Kind.UPDATES,)):
+        if self.schedule.with_kinds(saving, (Kind.UPDATES,)):
             self._update_snapshot = [
                 (name, p, gather.local_piece(p)[0].detach().clone()) for name, p in self._parameters()
-                if self.planner.collections_for(Kind.UPDATES, name, saving)
+                if self.schedule.collections_for(Kind.UPDATES, name, saving)
             ]
 
     def step(self) -> None:
@@ -392,8 +397,8 @@ class Recorder(CallerValues, DynamicsSteps):
             for name, param, before in self._update_snapshot:
                 after, sharded = gather.local_piece(param)
                 delta = after.detach() - before
-                for c in self.planner.collections_for(Kind.UPDATES, name, saving):
-                    jobs.append(self.planner.job(c, Kind.UPDATES, name, [delta], partitioned=sharded))
+                for c in self.schedule.collections_for(Kind.UPDATES, name, saving):
+                    jobs.append(self.schedule.job(c, Kind.UPDATES, name, [delta], partitioned=sharded))
             self._update_snapshot = []
             # save_tensor between prepare_step and step belongs to the step being closed
             # (Lightning: gradients after clipping, read once the optimizer has stepped)
@@ -428,7 +433,7 @@ class Recorder(CallerValues, DynamicsSteps):
         if mode != ModeKeys.TRAIN:
             self._mode_steps[ModeKeys.TRAIN] = self.global_step
         if self._hooks.attached:  # (an unsaved step has nothing to look ahead for)
-            self._hooks.end(self.planner.with_kinds(self._saving(mode), MODULE_KINDS), self.planner.version)
+            self._hooks.end(self.schedule.with_kinds(self._saving(mode), MODULE_KINDS), self.schedule.version)
 
     def _close_eval_step(self) -> None:
         mode = self._open_eval
@@ -505,7 +510,7 @@ class Recorder(CallerValues, DynamicsSteps):
         self._hooks.detach()
         self._pending.clear()
         self.dynamics.release()
-        summaries.deactivate(self)
+        summary_targets.unregister(self)
         self._dispatcher.close()
         self._engine.release()
         if self._rules is not None:  # what the rules found last: warned about, never raised from close()

@@ -2,7 +2,7 @@
 reads parameters and module captures, clipped gradients, and the end of an epoch.
 
 A mixin of :class:`tensorlens.engine.recorder.Recorder`; the statistics themselves live in
-engine/dynamics.py (what is derived) and engine/epochs.py (what is aggregated).
+engine/dynamics.py (what is derived) and dispatch/epochs.py (what is aggregated).
 """
 
 from __future__ import annotations
@@ -14,22 +14,22 @@ import torch
 
 from tensorlens._checks import expected
 from tensorlens.collection import Kind
+from tensorlens.dispatch.epochs import EpochEnd
 from tensorlens.engine import gather
-from tensorlens.engine.epochs import EpochEnd
 from tensorlens.modes import ModeKeys
 
 if TYPE_CHECKING:
+    from tensorlens.compute.jobs import DerivedScalars, TensorJob
+    from tensorlens.compute.step import StepStatistics
     from tensorlens.dispatch import Dispatcher
     from tensorlens.engine.dynamics import Dynamics
-    from tensorlens.engine.jobs import DerivedScalars, TensorJob
-    from tensorlens.engine.plan import Planner
-    from tensorlens.engine.step import StepStatistics
+    from tensorlens.engine.schedule import Schedule
 
 
 class DynamicsSteps:
     """When the recorder feeds the ``dynamics`` collection, and ``end_epoch``."""
 
-    planner: Planner
+    schedule: Schedule
     dynamics: Dynamics
     global_step: int
     world_size: int
@@ -49,9 +49,9 @@ class DynamicsSteps:
         """Read what the ``dynamics`` collection needs before the optimizer step: on a saved step
         and on the step before one (the previous gradient and update for the cosines)."""
         next_saves = (
-            self.planner.is_enabled(Kind.DYNAMICS)
+            self.schedule.is_enabled(Kind.DYNAMICS)
             and bool(self._saving_any_rank())
-            and self.planner.saves(Kind.DYNAMICS, mode, self._mode_steps[mode] + 1)
+            and self.schedule.saves(Kind.DYNAMICS, mode, self._mode_steps[mode] + 1)
         )
         self.dynamics.before_update(self._parameters, self.global_step, Kind.DYNAMICS in saving, next_saves, gather.local_piece)
 

@@ -13,7 +13,7 @@ from typing import Any
 from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, active_run_name
 from tensorlens.config import DynamicsConfig, HistogramConfig, ReductionConfig, SaveConfig
-from tensorlens.engine.epochs import check_epoch_statistics
+from tensorlens.dispatch.epochs import check_epoch_statistics
 from tensorlens.modes import ModeKeys
 from tensorlens.store import runs
 from tensorlens.store.files import last_steps
@@ -62,7 +62,7 @@ def locate_run(
     with several ranks, rank 0's choice is broadcast."""
     share = None
     if world_size > 1:
-        from tensorlens.engine.distributed import broadcast_run
+        from tensorlens.compute.distributed import broadcast_run
 
         def share(name: str, run_dir: str) -> tuple[str, str]:
             return broadcast_run(name, run_dir, timeout=collective_timeout)

@@ -39,12 +39,12 @@ class ScalarSource(TensorSource, Protocol):
 
 class SourceHooks:
     """The sources' module hooks, attached for the collections that save module tensors in the
-    current step. ``version`` (the planner's) changes with any collection or config, which
+    current step. ``version`` (the schedule's) changes with any collection or config, which
     attaches them again.
 
     >>> hooks = SourceHooks(sources)                        # doctest: +SKIP
-    >>> hooks.begin(collections, planner.version)           # doctest: +SKIP
-    >>> hooks.end(next_step_collections, planner.version)   # doctest: +SKIP
+    >>> hooks.begin(collections, schedule.version)           # doctest: +SKIP
+    >>> hooks.end(next_step_collections, schedule.version)   # doctest: +SKIP
     """
 
     def __init__(self, sources: list[TensorSource]) -> None:

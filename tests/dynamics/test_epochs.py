@@ -14,7 +14,7 @@ from torch import nn
 
 import tensorlens as tl
 from tensorlens.backends.keys import tracker_key
-from tensorlens.engine.epochs import DEFAULT_EPOCH_STATISTICS
+from tensorlens.dispatch.epochs import DEFAULT_EPOCH_STATISTICS
 
 
 def _model() -> nn.Module:

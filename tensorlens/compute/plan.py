@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from tensorlens.engine.assemble import _JobMeta
-from tensorlens.engine.jobs import ReducedPiece, TensorJob
+from tensorlens.compute.host_statistics import JobMeta
+from tensorlens.compute.jobs import ReducedPiece, TensorJob
 from tensorlens.names import record_safe
 from tensorlens.stats import native
 from tensorlens.stats.histogram import HistogramLayout, sample_stride
@@ -244,9 +244,9 @@ def _column_mask(columns: frozenset[str]) -> np.ndarray:
     return np.array([name in columns for name in PARTIALS])
 
 
-def _meta(job: TensorJob) -> _JobMeta:
+def _meta(job: TensorJob) -> JobMeta:
     pieces = job.pieces
-    return _JobMeta(
+    return JobMeta(
         record_safe(job.name),  # the one point every tensor's record name passes: escaped once per plan
         job.stats,
         job.histogram if job.histogram is not None and job.histogram.enabled and not job.plain_scalar else None,

@@ -10,7 +10,7 @@ import dataclasses
 
 import torch
 
-from tensorlens.engine.jobs import ReducedPiece, TensorJob, reduce_now, reduce_plan
+from tensorlens.compute.jobs import ReducedPiece, TensorJob, reduce_now, reduce_plan
 from tensorlens.stats.histogram import strided_sample
 from tensorlens.stats.moments import COL, as_values, needed_columns, nonfinite_counts, partial_rows
 from tensorlens.stats.sparse import is_sparse, sparse_summary
@@ -37,7 +37,7 @@ def plain(tensor: torch.Tensor) -> torch.Tensor:
 
 def prepared(job: TensorJob) -> TensorJob:
     """``job`` with its sparse pieces summarised (their stored values and implicit zeros);
-    tensors of other layouts become plain strided tensors in :meth:`StepStatistics._values <tensorlens.engine.step.StepStatistics._values>`."""
+    tensors of other layouts become plain strided tensors in :meth:`StepStatistics._values <tensorlens.compute.step.StepStatistics._values>`."""
     if not any(isinstance(p, torch.Tensor) and is_sparse(p) for p in job.pieces):
         return job
     histogram = job.histogram if job.histogram is not None and job.histogram.enabled and not job.plain_scalar else None

@@ -1,13 +1,13 @@
 """The jobs of a model's parameters, planned once and reused while nothing they depend on changes.
 
 At every saved step the recorder turns each parameter and its gradient into one
-:class:`~tensorlens.engine.jobs.TensorJob` per collection that records it. Which collections match
+:class:`~tensorlens.compute.jobs.TensorJob` per collection that records it. Which collections match
 a name, the record name, the statistics and histogram config only change when the parameters,
 the collections saving the step or a config change, so :class:`ParameterJobs` matches them once
 and, at the next steps, only puts this step's tensors (the same parameter objects, their current
 gradients) into jobs built from the kept templates: about half a microsecond per tensor instead of
 a few. The key is the parameters (by identity and name), the set of saving collections and the
-planner's :attr:`~tensorlens.engine.plan.Planner.version`, bumped by every change of a collection
+schedule's :attr:`~tensorlens.engine.schedule.Schedule.version`, bumped by every change of a collection
 or config (``tests/test_step_plan.py`` changes each between steps). A lazy parameter
 (``nn.LazyLinear``) is left out of the list until it materialises, and materialising keeps its
 ``id`` but adds its name, so the key changes then (``tests/test_robustness.py``).
@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from tensorlens.collection import PARAMETER_KINDS, Kind, parameter_kind
-from tensorlens.engine.jobs import TensorJob
-from tensorlens.engine.plan import Planner
+from tensorlens.compute.jobs import TensorJob
+from tensorlens.engine.schedule import Schedule
 
 # (record name, stats, histogram, save_raw, save_shape, plain_scalar)
 _Template = tuple[str, tuple[str, ...], Any, bool, bool, bool]
@@ -36,7 +36,7 @@ class ParameterJobs:
     """Jobs for the weights, biases and gradients of parameters, from templates kept across steps.
 
     >>> cache = ParameterJobs()
-    >>> jobs = cache.jobs(planner, lambda: [("fc.weight", weight)], saving)  # doctest: +SKIP
+    >>> jobs = cache.jobs(schedule, lambda: [("fc.weight", weight)], saving)  # doctest: +SKIP
     """
 
     def __init__(self) -> None:
@@ -45,17 +45,17 @@ class ParameterJobs:
         self.built = 0  # times the templates were (re)built, for tests
 
     def jobs(
-        self, planner: Planner, parameters: Callable[[], list[tuple[str, torch.Tensor]]], saving: frozenset[str]
+        self, schedule: Schedule, parameters: Callable[[], list[tuple[str, torch.Tensor]]], saving: frozenset[str]
     ) -> list[TensorJob]:
         """The same jobs as :func:`tensorlens.engine.gather.parameter_jobs`, in the same order.
         ``parameters()`` is called only when ``saving`` holds a parameter collection: a step
         that records none (an unsaved one) does not walk the model."""
-        if not planner.with_kinds(saving, PARAMETER_KINDS):
+        if not schedule.with_kinds(saving, PARAMETER_KINDS):
             return []
         found = parameters()
-        key = (saving, planner.version, [name for name, _ in found], [id(p) for _, p in found])
+        key = (saving, schedule.version, [name for name, _ in found], [id(p) for _, p in found])
         if key != self._key:
-            self._build(planner, found, saving)
+            self._build(schedule, found, saving)
             self._key = key
         out: list[TensorJob] = []
         append = out.append
@@ -72,13 +72,13 @@ class ParameterJobs:
                         append(TensorJob(name, [piece], stats, histogram, save_raw, save_shape, plain, sharded))
         return out
 
-    def _build(self, planner: Planner, parameters: list[tuple[str, torch.Tensor]], saving: frozenset[str]) -> None:
+    def _build(self, schedule: Schedule, parameters: list[tuple[str, torch.Tensor]], saving: frozenset[str]) -> None:
         self.built += 1
         entries = []
         for name, param in parameters:
             kind = parameter_kind(name)
-            weights = [_template(planner.job(c, kind, name, [])) for c in planner.collections_for(kind, name, saving)]
-            grads = [_template(planner.job(c, Kind.GRADIENTS, name, [])) for c in planner.collections_for(Kind.GRADIENTS, name, saving)]
+            weights = [_template(schedule.job(c, kind, name, [])) for c in schedule.collections_for(kind, name, saving)]
+            grads = [_template(schedule.job(c, Kind.GRADIENTS, name, [])) for c in schedule.collections_for(Kind.GRADIENTS, name, saving)]
             entries.append((param, weights, grads, hasattr(param, "placements")))
         self._entries = entries
 

@@ -1,7 +1,7 @@
 """Statistics of every tensor of one saved step, computed in a batch with one host copy.
 
 The training thread calls :meth:`StepStatistics.compute` with all the tensors of a step. Their
-layout (:class:`~tensorlens.engine.step_plan.StepPlan`: what is reduced by the compiled kernel,
+layout (:class:`~tensorlens.compute.plan.StepPlan`: what is reduced by the compiled kernel,
 how the rest is grouped for PyTorch ops, the histogram groups) is built once and reused while the
 jobs keep their shape. Every partial row and histogram is computed on the tensors' device; then
 one ``.cpu()`` of one concatenated buffer brings everything over.
@@ -14,7 +14,7 @@ counted in the first pass, every histogram sample's finite range is taken, and t
 chosen on the device. Either way a histogram of such a tensor spans its sample's finite values.
 
 Histogram edges are derived exactly on the host, off the training thread
-(:func:`~tensorlens.stats.edges.exact_edges`), when :mod:`tensorlens.engine.assemble` builds the
+(:func:`~tensorlens.stats.edges.exact_edges`), when :mod:`tensorlens.dispatch.assemble` builds the
 step's one record on the dispatcher thread.
 """
 
@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from tensorlens.engine.assemble import HistogramBlock, HostStatistics
-from tensorlens.engine.job_values import plain, prepared, reduced_pieces
-from tensorlens.engine.jobs import DerivedScalars, ReducedPiece, TensorJob, WorkerReducer
-from tensorlens.engine.step_plan import REDUCED, VALUES, HistogramGroup, StepPlan, plain_signature, signature
+from tensorlens.compute.host_statistics import HistogramBlock, HostStatistics
+from tensorlens.compute.job_values import plain, prepared, reduced_pieces
+from tensorlens.compute.jobs import DerivedScalars, ReducedPiece, TensorJob, WorkerReducer
+from tensorlens.compute.plan import REDUCED, VALUES, HistogramGroup, StepPlan, plain_signature, signature
 from tensorlens.stats import native
 from tensorlens.stats.histogram import (
     histogram_counts,
@@ -115,7 +115,7 @@ class StepStatistics:
         that cannot be summarised costs only itself: it is left out of the result with one
         warning naming it (``warn``), never the step."""
         if not jobs and derived is None and reducer is None:  # an unsaved step's end: nothing to do
-            return HostStatistics([], np.zeros((0, len(PARTIALS))), [], {})
+            return HostStatistics.empty()
         jobs, failed, converted = self._isolate(jobs, warn)
         if reducer is not None:
             # every rank must make the same collectives: a failed job keeps its place with an
@@ -178,7 +178,7 @@ class StepStatistics:
         derived: DerivedScalars | None = None,
     ) -> HostStatistics:
         if not jobs:
-            host = HostStatistics([], np.zeros((0, len(PARTIALS))), [], {})
+            host = HostStatistics.empty()
             if derived is not None:
                 host.derived_names, host.derived_values = derived.names, self._to_host(derived.values)
             return host

@@ -1,7 +1,7 @@
-"""Planning: which collections save a step, which collections a tensor belongs to, and the
-:class:`~tensorlens.engine.jobs.TensorJob` that summarises it.
+"""What is recorded and when: which collections save a step (the save schedule), which collections
+a tensor belongs to, and the :class:`~tensorlens.compute.jobs.TensorJob` that summarises it.
 
-The :class:`Planner` holds the collections and the default configs. Every question it answers is
+The :class:`Schedule` holds the collections and the default configs. Every question it answers is
 asked for every tensor of every saved step, so the answers that only depend on the configs are
 cached, and the caches are dropped whenever a collection or a config changes.
 """
@@ -14,8 +14,8 @@ import torch
 
 from tensorlens._checks import expected
 from tensorlens.collection import ALIASES, KINDS, SCALAR_KINDS, Collection, Kind
+from tensorlens.compute.jobs import ReducePlan, TensorJob, reduce_plan
 from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig
-from tensorlens.engine.jobs import ReducePlan, TensorJob, reduce_plan
 from tensorlens.modes import ModeKeys
 
 #: Reductions recorded when neither the hook nor the collection says otherwise.
@@ -23,11 +23,11 @@ DEFAULT_REDUCTIONS = ReductionConfig()
 DEFAULT_ACTIVATION_REDUCTIONS = ReductionConfig(counts=("zero_fraction",))
 
 
-class Planner:
+class Schedule:
     """The collections of a recorder and what they ask for.
 
-    >>> planner = Planner(SaveConfig(save_interval=10), None, HistogramConfig(), ["weights"])
-    >>> sorted(planner.saving(ModeKeys.TRAIN, 20)), sorted(planner.saving(ModeKeys.TRAIN, 21))
+    >>> schedule = Schedule(SaveConfig(save_interval=10), None, HistogramConfig(), ["weights"])
+    >>> sorted(schedule.saving(ModeKeys.TRAIN, 20)), sorted(schedule.saving(ModeKeys.TRAIN, 21))
     (['weights'], [])
     """
 

@@ -48,8 +48,8 @@ import torch
 import torch.distributed as dist
 
 from tensorlens._checks import expected
+from tensorlens.compute.jobs import TensorJob
 from tensorlens.config import HistogramConfig
-from tensorlens.engine.jobs import TensorJob
 from tensorlens.stats.moments import merge_partials
 
 __all__ = ["COLLECTIVE_TIMEOUT_S", "CollectiveReducer", "broadcast_run", "collective_timeout", "is_sharded", "local_piece"]
@@ -215,7 +215,7 @@ def _spec(job: TensorJob) -> _JobSpec:
 
 
 class CollectiveReducer:
-    """The :class:`~tensorlens.engine.step.WorkerReducer` for ``torch.distributed``.
+    """The :class:`~tensorlens.compute.step.WorkerReducer` for ``torch.distributed``.
 
     Every method is a collective: all ranks of ``group`` (default: the world) must call it in
     the same order with tensors of the same shapes; :meth:`agree_jobs` arranges that for a step.
