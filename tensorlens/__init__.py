@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 # stored run (ls, show, export, report, ...) import tensorlens.<something> and must not pay for
 # torch (about 2 s) through this file. Each name maps to the module that defines it.
 _LAZY: dict[str, str] = {
+    "compare_runs": "tensorlens.analysis.compare",
+    "create_trial": "tensorlens.analysis.trial",
     "Backend": "tensorlens.backends.base",
     "RunInfo": "tensorlens.backends.base",
     "register_backend": "tensorlens.backends.base",
@@ -41,8 +43,6 @@ _LAZY: dict[str, str] = {
     "TensorEntry": "tensorlens.records",
     "explore": "tensorlens.reports",
     "report": "tensorlens.reports",
-    "compare_runs": "tensorlens.rules.compare",
-    "create_trial": "tensorlens.rules.trial",
     "plot_scales": "tensorlens.scales",
     "prune_non_float_tensors": "tensorlens.scales",
     "prune_same_scale_tensors": "tensorlens.scales",
@@ -62,6 +62,8 @@ _SUBMODULES = ("modes", "rules", "integrations")
 
 if TYPE_CHECKING:  # what type checkers and editors see: the same names, imported eagerly
     from tensorlens import modes, rules
+    from tensorlens.analysis.compare import compare_runs
+    from tensorlens.analysis.trial import create_trial
     from tensorlens.backends.base import Backend, RunInfo, register_backend, registered_backends
     from tensorlens.backends.memory import MemoryBackend
     from tensorlens.capture.hook import Hook
@@ -74,8 +76,6 @@ if TYPE_CHECKING:  # what type checkers and editors see: the same names, importe
     from tensorlens.modes import ModeKeys
     from tensorlens.records import HistogramEntry, ScalarEntry, StepRecord, TensorEntry
     from tensorlens.reports import explore, report
-    from tensorlens.rules.compare import compare_runs
-    from tensorlens.rules.trial import create_trial
     from tensorlens.scales import (
         plot_scales,
         prune_non_float_tensors,
@@ -88,7 +88,7 @@ if TYPE_CHECKING:  # what type checkers and editors see: the same names, importe
     from tensorlens.sync.replay import sync_run
     from tensorlens.watch import watch
 
-__version__ = "0.1.0"
+from tensorlens._version import __version__ as __version__  # noqa: E402 (a leaf module: imports nothing)
 
 __all__ = [
     "Backend",

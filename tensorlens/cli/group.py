@@ -47,7 +47,7 @@ class LazyGroup(click.Group):
 
 
 def _version() -> str:
-    from tensorlens import __version__
+    from tensorlens._version import __version__
 
     return __version__
 

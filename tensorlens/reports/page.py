@@ -195,7 +195,7 @@ def render(kind: str, title: str, body: str, payload: dict[str, Any]) -> str:
 
 
 def _version() -> str:
-    from tensorlens import __version__
+    from tensorlens._version import __version__
 
     return __version__
 
