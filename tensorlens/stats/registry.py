@@ -7,9 +7,12 @@ micro-batches, repeated module calls and ranks by each column's ``merge`` rule. 
 
 To add a statistic computed from the existing columns: one :func:`statistic` declaration here and
 a test against numpy (``tests/stats/``). A statistic that needs a new column also declares the
-column and computes it in :mod:`tensorlens.stats.moments` (the compiled kernel then leaves such
-tensors to the PyTorch path). Statistics across the tensors of a step or across steps live in
-:mod:`tensorlens.stats.derived`; views of stored data (quantiles, thinning) in :mod:`tensorlens.stats.views`.
+column here, with its ``compute`` (a function over a block of flat values): the PyTorch path
+(:mod:`tensorlens.stats.torch_rows`, which every GPU and the sparse path use) calls it, and the
+compiled kernel leaves tensors that need such a column to that path, so nothing else changes
+(``tests/stats/test_declared_column.py`` adds one this way). Statistics across the tensors of a
+step or across steps live in :mod:`tensorlens.stats.derived`; views of stored data (quantiles,
+thinning) in :mod:`tensorlens.stats.views`.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -28,11 +32,32 @@ class Column:
     ``merge``: ``"sum"``, ``"min"``, ``"max"``, ``"prod"``; ``"m2:<total>"`` for a centred second
     moment around the mean of column ``<total>`` (Chan's parallel update); ``"single"`` for a value
     that cannot be merged (exact for one piece, NaN across several).
+
+    ``compute``: how the column is computed, ``compute(values) -> [k]`` for a ``[k, n]`` torch
+    tensor of ``k`` tensors' flat values (their compute dtype, on their device; ``n`` may be 0),
+    with torch ops only (no ``.item()``, nothing whose size depends on the data: a GPU must not
+    wait). ``None`` for the columns below, which the fused paths compute themselves (the PyTorch
+    rows in a few shared passes, the compiled kernel in one read); a column declared with a
+    ``compute`` is computed by the PyTorch path, the compiled kernel leaving such tensors to it.
+
+    >>> Column("positive_count", "sum", "values > 0", compute=lambda x: (x > 0).sum(1))  # doctest: +SKIP
     """
 
     name: str
     merge: str
     doc: str
+    compute: Callable[[Any], Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.merge not in _MERGES and not self.merge.startswith("m2:"):
+            raise ValueError(f"Column {self.name!r}: expected merge to be one of {sorted(_MERGES)} or 'm2:<total>', "
+                             f"but got {self.merge!r}")
+        if self.compute is not None and not callable(self.compute):
+            raise TypeError(f"Column {self.name!r}: expected compute to be a function of a [k, n] tensor, "
+                            f"but got {self.compute!r}")
+
+
+_MERGES = frozenset({"sum", "min", "max", "prod", "single"})
 
 
 #: The partial row, in order. NaN where a column was not requested.

@@ -4,8 +4,9 @@ if they were dense, without densifying them.
 The stored values give one partial row; the implicit zeros another, known in closed form (count,
 zero sum, zero spread); the two merge exactly (:func:`~tensorlens.stats.moments.merge_partials`).
 ``numel`` is the dense size and ``zero_fraction`` counts the implicit zeros. The median is exact
-too: the implicit zeros sit between the negative and the non-negative stored values. The
-histogram's strided sample is the one the dense tensor would give, read off the stored indices.
+too: the implicit zeros sit between the negative and the non-negative stored values. A column
+declared with its own ``compute`` gets the implicit zeros' row from that function over a view of
+zeros (a ``"single"`` such column is then NaN, as a merge of two pieces). The histogram's strided sample is the one the dense tensor would give, read off the stored indices.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from tensorlens.stats.histogram import sample_stride
 from tensorlens.stats.moments import COL, PARTIALS, as_values, merge_partials, nonfinite_counts, partial_rows
+from tensorlens.stats.torch_rows import DECLARED
 
 SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
 
@@ -56,6 +58,9 @@ def sparse_summary(
     for name in ("min", "max", "abs_min"):
         zeros[COL[name]] = 0.0 if implicit else math.nan
     zeros[COL["prod"]] = 0.0 if implicit else 1.0
+    for name, compute in DECLARED.items():  # a declared column of the implicit zeros (a view, not a copy)
+        if name in columns:
+            zeros[COL[name]] = compute(flat.new_zeros((1, 1)).expand(1, implicit)).reshape(()).to(torch.float64)
     row = merge_partials(torch.stack([stored, zeros]))
     for name, magnitude in (("median", False), ("abs_median", True)):
         if name in columns:

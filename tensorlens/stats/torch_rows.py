@@ -29,6 +29,9 @@ from tensorlens.stats import registry
 
 PARTIALS = tuple(column.name for column in registry.COLUMNS)
 COL = {name: i for i, name in enumerate(PARTIALS)}
+#: Columns declared with their own ``compute`` (:class:`~tensorlens.stats.registry.Column`): the
+#: fused passes below know nothing of them; each block's values are handed to the function.
+DECLARED = {column.name: column.compute for column in registry.COLUMNS if column.compute is not None}
 
 #: Tensors up to this many values share one float64 buffer with segment sums; larger ones are
 #: reduced by rows. Per-tensor ops cost ~5-10 us of dispatch each, which dominates for small
@@ -90,6 +93,7 @@ class _BlockSet:
         self.cols = cols
         self.raw = _raw_names(cols)
         self.zeros = "zero_count" in cols
+        self.declared = tuple(name for name in DECLARED if name in cols)
         self.counts = counts
         self.blocks: list[tuple[list[int], int, bool]] = []  # (positions, n, stacked)
         self.order: list[int] = []
@@ -234,6 +238,9 @@ class TorchRows:
             out["zero_count"] = seg_sum((flat == 0).to(torch.float64))
         if "prod" in columns:
             out["prod"] = torch.ones_like(zeros).scatter_reduce_(0, segment, flat, "prod", include_self=True)
+        for name, compute in DECLARED.items():  # a function of a [k, n] block: one call per small tensor
+            if name in columns:
+                out[name] = torch.cat([compute(v.reshape(1, -1)).reshape(1).to(torch.float64) for v in values])
         if self.counts == "always" or not np.isfinite(total.numpy()).all():  # flagged: a read on the CPU, free
             out["nan_count"] = seg_sum(torch.isnan(flat).to(torch.float64))
             out["inf_count"] = seg_sum(torch.isinf(flat).to(torch.float64))
@@ -254,9 +261,13 @@ class TorchRows:
         self, rows: torch.Tensor, block_set: _BlockSet, values: list[torch.Tensor],
         scratch: Callable[[torch.Tensor], torch.Tensor] | None,
     ) -> None:
-        raw, zero_counts, counts = [], [], []
+        raw, zero_counts, counts, declared = [], [], [], []
         for positions, n, stacked in block_set.blocks:
             matrix = torch.stack([values[i] for i in positions]) if stacked else values[positions[0]].view(1, n)
+            if block_set.declared:  # computed on the values whatever they hold
+                declared.append(torch.stack(
+                    [DECLARED[name](matrix).reshape(len(positions)).to(torch.float64) for name in block_set.declared], dim=1
+                ))
             total = matrix.sum(1)
             nonfinite = None
             finite = False  # known to hold neither NaN nor Inf
@@ -282,12 +293,14 @@ class TorchRows:
             r = (torch.cat(raw) if len(raw) > 1 else raw[0]).numpy().astype(np.float64)  # [K, R]
             zeros = [z.numpy() for z in zero_counts]
             both = np.concatenate([c.numpy() for c in counts])
-            out = [_partial_column(name, r, at, block_set.n_host, zeros, both, np) for name in block_set.names]
+            computed = _declared(block_set, declared, np)
+            out = [_partial_column(name, r, at, block_set.n_host, zeros, both, np, computed) for name in block_set.names]
             rows.numpy()[block_set.order_host[:, None], block_set.columns_host] = np.stack(out, axis=1)
             return
         r = torch.cat(raw).to(torch.float64) if len(raw) > 1 else raw[0].to(torch.float64)  # [K, R]
         both_t = torch.cat(counts).to(torch.float64)  # [K, 2]: nan, inf
-        found = [_partial_column(name, r, at, block_set.n, zero_counts, both_t, torch) for name in block_set.names]
+        computed = _declared(block_set, declared, torch)
+        found = [_partial_column(name, r, at, block_set.n, zero_counts, both_t, torch, computed) for name in block_set.names]
         rows[block_set.row_index.unsqueeze(1), block_set.columns] = torch.stack(found, dim=1)
 
 
@@ -295,7 +308,7 @@ def _partial_names(cols: frozenset[str]) -> tuple[str, ...]:
     """The partial columns a block set writes (always sum, min, max and the non-finite counts;
     the rest as requested)."""
     names = ["sum", "min", "max"]
-    for name in ("m2", "sumsq", "l1", "abs_min", "abs_m2", "zero_count", "prod", "median", "abs_median"):
+    for name in ("m2", "sumsq", "l1", "abs_min", "abs_m2", "zero_count", "prod", "median", "abs_median", *DECLARED):
         if name in cols or (name == "m2" and "sumsq" in cols) or (name == "sumsq" and "m2" in cols):
             names.append(name)
     names += ["nan_count", "inf_count"]
@@ -318,11 +331,25 @@ def _flagged_counts(matrix: torch.Tensor, buf: torch.Tensor | None) -> torch.Ten
     return out
 
 
+def _declared(block_set: _BlockSet, declared: list[torch.Tensor], xp: Any) -> dict[str, Any]:
+    """The declared columns of a block set's blocks ``[k, d]``, joined in block order, by name."""
+    if not block_set.declared:
+        return {}
+    joined = torch.cat(declared) if len(declared) > 1 else declared[0]
+    if xp is np:
+        joined = joined.numpy()
+    return {name: joined[:, j] for j, name in enumerate(block_set.declared)}
+
+
 def _partial_column(
     name: str, r: Any, at: dict[str, int], n: Any, zero_counts: list[Any], counts: Any, xp: Any,
+    declared: dict[str, Any],
 ) -> Any:
     """Partial column ``name`` of a block set from its raw reductions ``r`` ``[K, R]`` (float64),
-    the same IEEE operations in PyTorch (``xp=torch``) or numpy (``xp=np``)."""
+    the same IEEE operations in PyTorch (``xp=torch``) or numpy (``xp=np``); ``declared``: the
+    columns computed by their own function, by name."""
+    if name in declared:
+        return declared[name]
     if name in ("sum", "min", "max", "l1", "abs_min", "prod", "median", "abs_median"):
         return r[:, at[name]]
     if name == "m2":
