@@ -116,7 +116,8 @@ def partial_rows_and_samples(
 
 
 #: The columns the compiled CPU kernel computes (:mod:`tensorlens.native`); a tensor that needs
-#: another one (median, prod, abs_min, abs_std) is reduced with PyTorch ops instead.
+#: another one (median, prod, abs_min, abs_std, a column declared with its own ``compute``) is
+#: reduced with PyTorch ops instead.
 NATIVE_COLUMNS = frozenset({"count", "sum", "sumsq", "m2", "l1", "min", "max", "zero_count", "nan_count", "inf_count"})
 
 

@@ -76,6 +76,28 @@ def test_partial_rows_compute_the_declared_column_on_every_path(native: bool) ->
     """, native)
 
 
+def test_the_gpu_path_computes_it_without_waiting_for_the_device() -> None:
+    """The path every GPU takes (counts in the first pass) under test_sync_free's counter: a declared
+    column adds no read of a value, no data-sized op, no tensor from Python data after the plan."""
+    run(f"""
+        import sys, torch
+        sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})
+        from test_sync_free import SyncCounter
+        from tensorlens.stats import moments
+        from tensorlens.stats.torch_rows import TorchRows
+
+        values = [torch.randn(n) for n in (5, 300, 3000, 3000, 100_000)]
+        cols = [moments.needed_columns(["positive_fraction", "std"])] * len(values)
+        plan = TorchRows([v.numel() for v in values], [v.dtype for v in values], cols, torch.device("cpu"), counts="always")
+        plan.run(values)  # the first run finishes the plan (index tensors, built once)
+        with SyncCounter() as counter:
+            rows = plan.run(values)
+        assert not counter.calls, counter.calls
+        for i, v in enumerate(values):
+            assert rows[i, moments.COL["positive_count"]].item() == float((v > 0).sum())
+    """, native=False)
+
+
 def test_a_sparse_tensor_counts_its_implicit_zeros_through_the_declaration() -> None:
     run("""
         import torch
