@@ -13,8 +13,9 @@ folder, and works on a run folder the user may only read. The state lives in
   ``~/.local/state``), private to the user.
 
 Three tables: ``sync_targets`` (one row per destination, ``"wandb:<entity>/<project>"``,
-``"mlflow:<tracking uri>#<experiment>"``, ``"tensorboard:<log dir>"``: the tracker run it was
-replayed into, the rule findings sent so far, and what the destination needs to continue, JSON),
+``"mlflow:<tracking uri>#<experiment>"``, ``"tensorboard:<log dir>"``, whatever a backend's
+``replay_destination`` names: the tracker run it was replayed into, the rule findings sent so far,
+and what the backend needs to continue, its ``ReplayRun.info``, JSON),
 ``sync_progress`` (per destination, mode and worker: the last mode step and its global step that
 reached the tracker) and ``sync_meta``. Each row of the first two ends with a CRC-32 of its values
 (:func:`tensorlens.store.schema.row_checksum`), and each value is checked when read: a damaged row
