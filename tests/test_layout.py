@@ -166,3 +166,22 @@ def test_no_private_name_is_imported_across_modules(name: str) -> None:
         for alias in node.names if alias.name.startswith("_") and not alias.name.startswith("__")
     ]
     assert not wrong, f"{name} imports private names {wrong}"
+
+
+def test_every_file_docs_architecture_names_exists() -> None:
+    """docs/architecture.md is the map of the code: every file it names (``engine/recorder.py``,
+    relative to ``tensorlens/``, to the repository or, for a bare name, anywhere in the package)
+    must exist, so a move that forgets the map fails here."""
+    import re
+
+    text = open(os.path.join(ROOT, "docs", "architecture.md"), encoding="utf-8").read()
+    files = {os.path.relpath(path, ROOT) for path in modules().values()}
+    names = {os.path.basename(path) for path in files}
+    missing = []
+    for found in sorted(set(re.findall(r"[\w./]*\w\.py\b", text))):
+        if "/" in found:
+            if not any(os.path.exists(os.path.join(base, found)) for base in (os.path.join(ROOT, "tensorlens"), ROOT)):
+                missing.append(found)
+        elif found not in names:
+            missing.append(found)
+    assert not missing, f"docs/architecture.md names files that do not exist: {missing}"

@@ -251,13 +251,14 @@ def _meta(job: TensorJob) -> JobMeta:
         job.stats,
         job.histogram if job.histogram is not None and job.histogram.enabled and not job.plain_scalar else None,
         job.plain_scalar,
-        _shape_of(job) if job.save_shape else None,
+        shape_of(job) if job.save_shape else None,
         int(pieces[0].shape[-1]) if pieces and pieces[0].dim() > 0 else 1,
         sum(p.numel() for p in pieces),
     )
 
 
-def _shape_of(job: TensorJob) -> tuple[int, ...]:
+def shape_of(job: TensorJob) -> tuple[int, ...]:
+    """The shape recorded of a job: its tensor's, or the number of values of several pieces."""
     if len(job.pieces) == 1:
         return tuple(job.pieces[0].shape)
     return (sum(p.numel() for p in job.pieces),)

@@ -32,7 +32,7 @@ import torch
 from tensorlens.compute.host_statistics import HistogramBlock, HostStatistics
 from tensorlens.compute.job_values import plain, prepared, reduced_pieces
 from tensorlens.compute.jobs import DerivedScalars, ReducedPiece, TensorJob, WorkerReducer
-from tensorlens.compute.plan import REDUCED, VALUES, HistogramGroup, StepPlan, plain_signature, signature
+from tensorlens.compute.plan import REDUCED, VALUES, HistogramGroup, StepPlan, plain_signature, shape_of, signature
 from tensorlens.stats import native
 from tensorlens.stats.histogram import (
     histogram_counts,
@@ -266,7 +266,7 @@ class _Step:
         host_rows, host_hists, host_derived = self._copy(rows, hists, derived.values if derived is not None else None)
         raw = {
             i: (job.raw if job.raw is not None else self._flat(i) if plan.kinds[i] != REDUCED else self.samples[i])
-            .reshape(_shape_of(job)).cpu().numpy().copy()
+            .reshape(shape_of(job)).cpu().numpy().copy()
             for i, job in enumerate(jobs) if job.save_raw
         }
         host = HostStatistics(plan.metas, host_rows, host_hists, raw)
@@ -544,12 +544,6 @@ def _merge_workers(
     extra = hists.extra.clone()
     extra[:, 5:] = torch.where(shared[:, None], reducer.sum(extra[:, 5:]), extra[:, 5:])
     return dataclasses.replace(hists, counts=counts, extra=extra)
-
-
-def _shape_of(job: TensorJob) -> tuple[int, ...]:
-    if len(job.pieces) == 1:
-        return tuple(job.pieces[0].shape)
-    return (sum(p.numel() for p in job.pieces),)
 
 
 def _warn(warn: Callable[[str], None] | None, name: str, err: Exception) -> None:

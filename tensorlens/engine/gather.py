@@ -1,5 +1,5 @@
-"""What a saved step summarises: the jobs of the parameters, of what was captured since the
-step's boundary, and the optimizer's settings; each matched to the collections that save it."""
+"""What a saved step summarises: the jobs of the parameters, of their updates, of what was captured
+since the step's boundary, and the optimizer's settings; each matched to the collections that save it."""
 
 from __future__ import annotations
 
@@ -78,6 +78,30 @@ def optimizer_scalars(optimizer: torch.optim.Optimizer | None, saving: frozenset
                     suffix = f"{key}{j}" if len(values) > 1 else key
                     out.append(ScalarEntry(f"optimizer/group{i}.{suffix}", None, float(v)))
     return out
+
+
+def update_snapshot(
+    schedule: Schedule, parameters: list[tuple[str, torch.Tensor]], saving: frozenset[str]
+) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """``(name, parameter, copy of its local piece)`` of the parameters whose update ``saving``
+    records, taken just before the optimizer step (see :func:`update_jobs`)."""
+    return [
+        (name, p, local_piece(p)[0].detach().clone()) for name, p in parameters
+        if schedule.collections_for(Kind.UPDATES, name, saving)
+    ]
+
+
+def update_jobs(
+    schedule: Schedule, snapshot: list[tuple[str, torch.Tensor, torch.Tensor]], saving: frozenset[str]
+) -> list[TensorJob]:
+    """Jobs for the updates ``p_after - p_before`` of a :func:`update_snapshot`, after the optimizer step."""
+    jobs = []
+    for name, param, before in snapshot:
+        after, sharded = local_piece(param)
+        delta = after.detach() - before
+        for c in schedule.collections_for(Kind.UPDATES, name, saving):
+            jobs.append(schedule.job(c, Kind.UPDATES, name, [delta], partitioned=sharded))
+    return jobs
 
 
 def local_piece(tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:

@@ -14,16 +14,15 @@ API; sources (the watched modules) give it parameters and attach captures on sav
 Statistics of a saved step are computed on the tensors' device in a few batched kernels, copied
 to the host once and handed to the dispatcher, whose thread builds the step's one record.
 
-What the recorder is given (``save_scalar``, ``save_tensor``, captures, its sources' parameters)
-is in engine/inputs.py, when it feeds the ``dynamics`` collection and ``end_epoch`` in
-engine/recorder_dynamics.py (both mixins of :class:`Recorder`), and its argument checks and run
-folder in engine/run_setup.py.
+The recorder decides when; the objects it holds do the rest: what it is given and the jobs that
+makes (engine/inputs.py), the save schedule (engine/schedule.py), when training dynamics are read
+(engine/dynamics_steps.py), a saved step's statistics and hand-over to the dispatcher
+(engine/step_output.py); its argument checks and run folder are in engine/run_setup.py.
 """
 
 from __future__ import annotations
 
 import functools
-import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -34,22 +33,21 @@ from tensorlens._checks import expected, names_list
 from tensorlens._runtime import distributed_rank
 from tensorlens.backends.base import Backend, RunInfo, resolve_backends
 from tensorlens.collection import DEFAULT_KINDS, MODULE_KINDS, Collection, Kind
-from tensorlens.compute.jobs import DerivedScalars, TensorJob
-from tensorlens.compute.step import StepStatistics
+from tensorlens.compute.host_statistics import HostStatistics
+from tensorlens.compute.jobs import DerivedScalars
 from tensorlens.config import DynamicsConfig, HistogramConfig, ReductionConfig, SaveConfig
-from tensorlens.dispatch import BackendStats, Dispatcher
-from tensorlens.dispatch.assemble import HostStatistics, PendingStep, build_record
-from tensorlens.dispatch.epochs import EpochAggregator
+from tensorlens.dispatch import BackendStats
 from tensorlens.engine import gather, summary_targets
+from tensorlens.engine.counters import StepCounters
 from tensorlens.engine.dynamics import Dynamics
-from tensorlens.engine.inputs import REDUCE_WHEN_CAPTURED, CallerValues
+from tensorlens.engine.dynamics_steps import DynamicsSteps
+from tensorlens.engine.inputs import REDUCE_WHEN_CAPTURED, StepInputs
 from tensorlens.engine.metadata import metadata_of
-from tensorlens.engine.parameter_jobs import ParameterJobs
 from tensorlens.engine.pending import PendingCaptures
-from tensorlens.engine.recorder_dynamics import DynamicsSteps
-from tensorlens.engine.run_setup import WORKER_MODES, check_arguments, locate_run, stored_step_counters
+from tensorlens.engine.run_setup import WORKER_MODES, check_arguments, collective_reducer, locate_run, rule_runner
 from tensorlens.engine.schedule import Schedule
 from tensorlens.engine.sources import ScalarSource, SourceHooks, TensorSource
+from tensorlens.engine.step_output import StepOutput
 from tensorlens.modes import ModeKeys
 from tensorlens.records import ScalarEntry
 from tensorlens.stats import native
@@ -77,7 +75,7 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-class Recorder(CallerValues, DynamicsSteps):
+class Recorder:
     """Records statistics of the tensors its sources and callers give it, one record per saved step.
 
     Most users want :func:`tensorlens.watch` or :class:`tensorlens.Hook` (a recorder driven by
@@ -123,75 +121,56 @@ class Recorder(CallerValues, DynamicsSteps):
         self.include_workers = include_workers
         self.rank, self.world_size = distributed_rank()
         self.worker = "reduced" if self.world_size > 1 and include_workers == "reduce" else f"worker_{self.rank}"
-        self._reducer: Any = None
-        if self.world_size > 1 and include_workers == "reduce":
-            from tensorlens.compute.distributed import CollectiveReducer
-
-            self._reducer = CollectiveReducer(timeout=collective_timeout)
-
+        reducer = collective_reducer(self.world_size, include_workers, collective_timeout)  # checks its timeout first
         self._backends = resolve_backends(backends, self.rank)
-        self._rules: Any = None
-        if rules is not None:  # imported here: a recorder without rules never loads them
-            from tensorlens.rules.online import RuleRunner
-
-            runner = RuleRunner(rules)  # checks the rules before anything is created
-            if self.rank == 0:  # rules read rank 0's records, as trackers do
-                self._rules = runner
-                self._backends.append(runner)
-        self.run_name, self.run_dir, self.resumed = self._run_location(out_dir, run_name, resume)
+        self._rules = rule_runner(rules, self._backends, self.rank)
+        self.run_name, self.run_dir, self.resumed = locate_run(
+            out_dir, run_name, resume, self._backends, self.rank, self.world_size, include_workers, collective_timeout,
+        )
         run = RunInfo(
             self.run_name, self.run_dir, self.rank, self.world_size, {"include_workers": include_workers},
             metadata=metadata_of(self), modules=self._describe_modules,
         )
-        # epoch aggregates are taken from the records on the dispatcher thread (see dispatch/epochs.py)
-        self._epochs = EpochAggregator(chosen_epoch_statistics, build_record, self.worker)
-        self._dispatcher = Dispatcher(self._backends, run, max_pending=max_pending_steps, build=self._epochs.build)
-
-        self.global_step = 0  # optimizer steps taken (Lightning's global_step)
-        self._mode_steps = dict.fromkeys(ModeKeys, 0)
-        if self.resumed:
-            self._continue_stored_steps()
+        self._output = StepOutput(
+            self._backends, run, max_pending_steps, chosen_epoch_statistics, reducer, self.rank, self.world_size,
+            include_workers, self.worker, self.warn_once,
+        )
+        self._dispatcher, self._engine = self._output.dispatcher, self._output.statistics
+        self._steps = StepCounters()
+        self._mode_steps = self._steps.mode_steps  # (the same dict: read at every boundary)
+        if self.resumed:  # go on after the last stored steps, so nothing stored is overwritten
+            self._steps.continue_stored(self.run_dir, self._store_file())
         self._explicit_mode: ModeKeys | None = None
         self._mode = ModeKeys.TRAIN
         self._open_eval: ModeKeys | None = None  # an eval/predict step that has begun
         self._sources: list[TensorSource] = []
         self._hooks = SourceHooks(self._sources)
         self._pending = PendingCaptures()
+        self._inputs = StepInputs(self.schedule, self._pending, self._sources, self._saving, self.warn_once)
         self._mark: tuple[dict[object, int], ...] | None = None  # pending at the last begin_step
         self._dynamics_mark: Any = None  # the dynamics' module captures at the last begin_step
         self._pre_step: tuple[HostStatistics, list[ScalarEntry]] | None = None
         self._update_snapshot: list[tuple[str, torch.Tensor, torch.Tensor]] = []
-        self._engine = StepStatistics()
-        self._parameter_job_cache = ParameterJobs()  # the jobs of the parameters, reused across steps
         #: The bookkeeping of the ``dynamics`` collection (module taps feed it; see engine/dynamics.py).
         self.dynamics = Dynamics(
             dynamics_config or DynamicsConfig(), self.schedule, self.warn_once, lambda: self._mode,
             lambda: not (self._paused or self._closed),
         )
+        saves_here = not (self.world_size > 1 and include_workers == "one" and self.rank != 0)
+        self._dynamics_steps = DynamicsSteps(self.dynamics, self.schedule, self._inputs.parameters, self._output, self.rank, saves_here)
         native.prepare()  # compile the CPU kernel off the training thread, before the first saved step
         self._warned: set[str] = set()
         self._closed = False
         self._paused = False
         summary_targets.register(self)
 
-    # ------------------------------------------------------------------ run location
-
-    def _run_location(self, out_dir: Any, run_name: str | None, resume: str) -> tuple[str, str, bool]:
-        return locate_run(
-            out_dir, run_name, resume, self._backends, self.rank, self.world_size, self.include_workers, self.collective_timeout,
-        )
+    # ------------------------------------------------------------------ run
 
     def _describe_modules(self) -> list[dict[str, Any]]:
         return [entry for source in self._sources if hasattr(source, "describe") for entry in source.describe()]
 
     def _store_file(self) -> str:
         return store_filename(f"worker_{self.rank}", primary=self.rank == 0)
-
-    def _continue_stored_steps(self) -> None:
-        """A resumed run goes on after its last stored steps, so nothing stored is overwritten;
-        ``set_step`` sets the true step (the Lightning callback does it from the trainer)."""
-        self.global_step, found = stored_step_counters(self.run_dir, self._store_file(), self.global_step)
-        self._mode_steps.update(found)
 
     # ------------------------------------------------------------------ configuration
 
@@ -275,14 +254,16 @@ class Recorder(CallerValues, DynamicsSteps):
 
         The train mode step follows ``global_step``; ``mode_steps`` sets other modes' counters.
         """
-        if isinstance(global_step, bool) or not isinstance(global_step, int) or global_step < 0:
-            raise expected("global_step", "an integer >= 0", global_step)
-        self.global_step = global_step
-        self._mode_steps[ModeKeys.TRAIN] = global_step
-        for mode, value in (mode_steps or {}).items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise expected(f"mode_steps[{mode!r}]", "an integer >= 0", value)
-            self._mode_steps[ModeKeys.coerce(mode)] = value
+        self._steps.set(global_step, mode_steps)
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken (Lightning's ``global_step``)."""
+        return self._steps.global_step
+
+    @global_step.setter
+    def global_step(self, value: int) -> None:
+        self._steps.global_step = value
 
     def will_save(self, collection: str, mode: ModeKeys | str | None = None) -> bool:
         """Whether ``collection`` is enabled and saves the current step of ``mode``."""
@@ -293,6 +274,51 @@ class Recorder(CallerValues, DynamicsSteps):
         if self.world_size > 1 and self.include_workers == "one" and self.rank != 0:
             return frozenset()  # "one": ranks other than 0 capture and compute nothing
         return self.schedule.saving(mode, self._mode_steps[mode])
+
+    # ------------------------------------------------------------------ what the recorder is given
+
+    def save_scalar(self, name: str, value: float | int | torch.Tensor) -> None:
+        """Record a number under ``scalars/<name>`` in the current step's record, when the
+        ``scalars`` collection saves the step (its own save config, else the recorder's)."""
+        self._check_open("save a scalar")
+        self._inputs.save_scalar(self._mode, self._mode_steps[self._mode], name, value)
+
+    def save_tensor(self, name: str, tensor: torch.Tensor, collections_to_write: str | Iterable[str] = "default") -> None:
+        """Record statistics of ``tensor`` in the current step under each of
+        ``collections_to_write``, on the steps each of those collections saves (SageMaker
+        Debugger's semantics; ``"default"`` is the ``summaries`` collection)."""
+        self._check_open("save a tensor")
+        self._inputs.save_tensor(self._mode, self._mode_steps[self._mode], name, tensor, collections_to_write)
+
+    def add_loss(self, name: str, value: Any) -> None:
+        """A loss value of the current step (a registered loss module's output): recorded under
+        ``losses/<name>`` on saved steps, the mean when given several times in a step."""
+        if not (self._closed or self._paused or not isinstance(value, torch.Tensor)):
+            self._inputs.add_loss(self._mode, name, value)
+
+    def add_summary(self, name: str, value: Any, is_tensor: bool) -> None:
+        """``tl.summarize_scalar`` / ``tl.summarize_tensor`` land here (from inside ``forward``)."""
+        try:
+            if not (self._closed or self._paused):
+                self._inputs.add_summary(self._mode, name, value, is_tensor)
+        except Exception as err:
+            self.warn_once(f"summarize {name!r}: {type(err).__name__}: {err}")
+
+    def capture(self, kind: str, module_name: str, name: str, tensor: torch.Tensor) -> None:
+        """A module tensor captured on a saved step (by a source's hooks). Large tensors are
+        reduced at once where every job that will record them can use the result, so no copy is
+        held until the step ends and the values are read while in cache; the others are held as
+        they are, or copied where an in-place op after the module could change them (see
+        :meth:`PendingCaptures.add_captured`)."""
+        if self._paused:
+            return
+        try:
+            self._inputs.capture(self._mode, kind, module_name, name, tensor)
+        except Exception as err:
+            self.warn_once(f"capturing {kind}/{name}: {type(err).__name__}: {err}")
+
+    def _parameters(self) -> list[tuple[str, torch.Tensor]]:
+        return self._inputs.parameters()
 
     # ------------------------------------------------------------------ step boundaries
 
@@ -339,15 +365,12 @@ class Recorder(CallerValues, DynamicsSteps):
         mode = self._train_mode()
         self._mode = mode
         saving = self._saving(mode)
-        jobs = self._parameter_jobs(saving) + self._pending_jobs(saving, mode)
-        host_scalars = self._optimizer_scalars(optimizer, saving) + self._source_scalars(saving)
-        self._pre_step = (self._compute(jobs, saving), host_scalars)
-        self._dynamics_before_update(saving, mode)
+        jobs = self._inputs.parameter_jobs(saving) + self._inputs.pending_jobs(saving, mode)
+        host_scalars = self._inputs.host_scalars(optimizer, saving, self.global_step)
+        self._pre_step = (self._output.compute(jobs, saving), host_scalars)
+        self._dynamics_steps.before_update(saving, mode, self._mode_steps[mode], self.global_step)
         if self.schedule.with_kinds(saving, (Kind.UPDATES,)):
-            self._update_snapshot = [
-                (name, p, gather.local_piece(p)[0].detach().clone()) for name, p in self._parameters()
-                if self.schedule.collections_for(Kind.UPDATES, name, saving)
-            ]
+            self._update_snapshot = gather.update_snapshot(self.schedule, self._parameters(), saving)
 
     def step(self) -> None:
         """Close the current train step (records it if it is saved) and advance the step counter."""
@@ -356,6 +379,26 @@ class Recorder(CallerValues, DynamicsSteps):
             self.prepare_step(None)
         self._finish_train_step()
         self.take_rule_actions()
+
+    def read_clipped_gradients(self) -> None:
+        """Read the gradients again after clipping, between :meth:`prepare_step` and :meth:`step`
+        (the Lightning callback does it with ``record_clipped_gradients``):
+        ``dynamics/global`` then also holds ``grad_norm_clipped``."""
+        self._check_open("read clipped gradients")
+        self._dynamics_steps.read_clipped()
+
+    def end_epoch(self, epoch: int | None = None) -> None:
+        """Close an epoch: record the mean, min, max and std of the chosen statistics
+        (``epoch_statistics``) across the train steps saved since the last ``end_epoch``, under
+        ``epochs/<collection>/<tensor>`` with statistics ``<stat>_mean``, ``<stat>_min``, ...,
+        in a record of mode ``epoch`` whose mode step is ``epoch`` (default: one more than the
+        last). Lightning's callback calls it at ``on_train_epoch_end``.
+
+        >>> hook.end_epoch()                                                            # doctest: +SKIP
+        >>> run.tensor("epochs/gradients/fc1.weight").reduction_value(step=0, name="l2_mean")  # doctest: +SKIP
+        """
+        self._check_open("end an epoch")
+        self._output.end_epoch(self.global_step, self._steps.end_epoch(epoch))
 
     # ------------------------------------------------------------------ rules
 
@@ -390,48 +433,23 @@ class Recorder(CallerValues, DynamicsSteps):
         parts = [host]
         saving = self._saving(mode)
         # dynamics join the updates' part: with them alone a saved step makes one host copy
-        jobs, module_scalars = self._dynamics_of_modules(saving, mode)
-        derived = DerivedScalars.concat([module_scalars, self.dynamics.after_update(self._live_reducer(saving), self.rank)])
+        jobs, module_scalars = self._dynamics_steps.of_modules(saving, mode)
+        derived = DerivedScalars.concat([module_scalars, self._dynamics_steps.after_update(saving)])
         # "reduce": on a saved step every rank computes, whatever it holds, so collectives match
-        if self._update_snapshot or self._pending.has_explicit(mode) or (self._reducer is not None and saving) or derived is not None or jobs:
-            for name, param, before in self._update_snapshot:
-                after, sharded = gather.local_piece(param)
-                delta = after.detach() - before
-                for c in self.schedule.collections_for(Kind.UPDATES, name, saving):
-                    jobs.append(self.schedule.job(c, Kind.UPDATES, name, [delta], partitioned=sharded))
+        if self._update_snapshot or self._pending.has_explicit(mode) or (self._output.reducer is not None and saving) or derived is not None or jobs:
+            jobs += gather.update_jobs(self.schedule, self._update_snapshot, saving)
             self._update_snapshot = []
             # save_tensor between prepare_step and step belongs to the step being closed
             # (Lightning: gradients after clipping, read once the optimizer has stepped)
-            jobs += self._pending_jobs(saving, mode)
-            parts.append(self._compute(jobs, saving, derived))
+            jobs += self._inputs.pending_jobs(saving, mode)
+            parts.append(self._output.compute(jobs, saving, derived))
             if derived is not None:
-                self.dynamics.complete_nonfinite(parts[-1], self._live_reducer(saving), self.rank, self._to_host)
-        self._submit(mode, self._mode_steps[mode], parts, host_scalars)
+                self._dynamics_steps.complete_nonfinite(parts[-1], saving)
+        self._output.submit(self.global_step, mode, self._mode_steps[mode], parts, host_scalars)
         self._advance(mode)
 
-    def _compute(self, jobs: list[TensorJob], saving: frozenset[str], derived: DerivedScalars | None = None) -> HostStatistics:
-        """Statistics of one step's jobs; under ``include_workers="reduce"`` merged across ranks.
-
-        Collectives are made only on steps that save something: ``saving`` is the same on every
-        rank (all ranks count the same steps), so an unsaved step costs no communication. The
-        ranks first agree on the union of their jobs, so a module called on one rank only, or a
-        different number of times, cannot hang them.
-        """
-        reducer = self._live_reducer(saving)
-        if reducer is None:
-            return self._engine.compute(jobs, None, warn=self.warn_once, derived=derived)
-        return self._engine.compute(reducer.agree_jobs(jobs), reducer, warn=self.warn_once, derived=derived)
-
-    def _live_reducer(self, saving: frozenset[str]) -> Any:
-        """The cross-rank reducer on a saved step while the process group lives, else ``None``."""
-        reducer = self._reducer
-        return reducer if reducer is not None and saving and getattr(reducer, "active", True) else None
-
     def _advance(self, mode: ModeKeys) -> None:
-        self.global_step += 1
-        self._mode_steps[mode] += 1
-        if mode != ModeKeys.TRAIN:
-            self._mode_steps[ModeKeys.TRAIN] = self.global_step
+        self._steps.advance(mode)
         if self._hooks.attached:  # (an unsaved step has nothing to look ahead for)
             self._hooks.end(self.schedule.with_kinds(self._saving(mode), MODULE_KINDS), self.schedule.version)
 
@@ -441,21 +459,12 @@ class Recorder(CallerValues, DynamicsSteps):
         if mode is None:
             return
         saving = self._saving(mode)
-        module_jobs, module_scalars = self._dynamics_of_modules(saving, mode)
-        jobs = self._pending_jobs(saving, mode) + module_jobs
-        if jobs or module_scalars is not None or (self._reducer is not None and saving):  # "reduce": every rank, for the collectives
-            self._submit(mode, self._mode_steps[mode], [self._compute(jobs, saving, module_scalars)], [])
+        module_jobs, module_scalars = self._dynamics_steps.of_modules(saving, mode)
+        jobs = self._inputs.pending_jobs(saving, mode) + module_jobs
+        if jobs or module_scalars is not None or (self._output.reducer is not None and saving):  # "reduce": every rank, for the collectives
+            self._output.submit(self.global_step, mode, self._mode_steps[mode], [self._output.compute(jobs, saving, module_scalars)], [])
         self._mode_steps[mode] += 1
         self._hooks.detach()
-
-    def _submit(self, mode: ModeKeys, mode_step: int, parts: list[HostStatistics], host_scalars: list[ScalarEntry]) -> None:
-        if not any(p.jobs or p.derived_names for p in parts) and not host_scalars:
-            return
-        if self.world_size > 1 and self.include_workers != "all" and self.rank != 0:
-            return  # "reduce": every rank holds the same merged statistics, rank 0 records them
-        self._dispatcher.submit(
-            PendingStep(self.global_step, mode, mode_step, self.worker, time.time(), list(host_scalars), parts)
-        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -499,11 +508,9 @@ class Recorder(CallerValues, DynamicsSteps):
                 self._close_eval_step()
             # values saved after the last boundary of their mode (scalars, summaries, save_tensor)
             for mode in self._pending.modes_with_values():
-                jobs = self._pending_jobs(self._saving(mode), mode)
-                if jobs:
-                    # no collectives here: close() may run on one rank only, or after the process
-                    # group is gone; values saved after the last step are this rank's own
-                    self._submit(mode, self._mode_steps[mode], [self._engine.compute(jobs, None, warn=self.warn_once)], [])
+                jobs = self._inputs.pending_jobs(self._saving(mode), mode)
+                if jobs:  # no collectives (see compute_here): values saved after the last step are this rank's own
+                    self._output.submit(self.global_step, mode, self._mode_steps[mode], [self._output.compute_here(jobs)], [])
         except Exception as err:
             self.warn_once(f"close: {type(err).__name__}: {err}")
         self._closed = True
@@ -511,8 +518,7 @@ class Recorder(CallerValues, DynamicsSteps):
         self._pending.clear()
         self.dynamics.release()
         summary_targets.unregister(self)
-        self._dispatcher.close()
-        self._engine.release()
+        self._output.close()
         if self._rules is not None:  # what the rules found last: warned about, never raised from close()
             self._rules.take_action(raise_errors=False)
         if not self.resumed:  # a new run that recorded nothing leaves no folder behind

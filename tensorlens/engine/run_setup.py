@@ -1,4 +1,5 @@
-"""A recorder's setup: its constructor arguments checked, its run folder found, a resumed run's step counters.
+"""A recorder's setup: its constructor arguments checked, its run folder found, its cross-rank
+reducer and its rules' runner made.
 
 Kept out of engine/recorder.py so the recorder holds steps and the lifecycle; every check raises
 the one clear error of :func:`tensorlens._checks.expected` at construction, before anything is created.
@@ -6,7 +7,6 @@ the one clear error of :func:`tensorlens._checks.expected` at construction, befo
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -14,9 +14,7 @@ from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, active_run_name
 from tensorlens.config import DynamicsConfig, HistogramConfig, ReductionConfig, SaveConfig
 from tensorlens.dispatch.epochs import check_epoch_statistics
-from tensorlens.modes import ModeKeys
 from tensorlens.store import runs
-from tensorlens.store.files import last_steps
 from tensorlens.store.schema import store_filename
 
 WORKER_MODES = ("reduce", "one", "all")
@@ -72,11 +70,25 @@ def locate_run(
     )
 
 
-def stored_step_counters(run_dir: str, store_file: str, global_step: int) -> tuple[int, dict[ModeKeys, int]]:
-    """The global step and per-mode steps that follow the last steps stored in ``run_dir``."""
-    found = {ModeKeys.coerce(m): last for m, last in last_steps(os.path.join(run_dir, store_file)).items()}
-    if ModeKeys.TRAIN in found:
-        global_step = found[ModeKeys.TRAIN] + 1
-    steps = {mode: last + 1 for mode, last in found.items()}
-    steps[ModeKeys.TRAIN] = global_step
-    return global_step, steps
+def collective_reducer(world_size: int, include_workers: str, timeout: float | None) -> Any:
+    """The cross-rank reducer of ``include_workers="reduce"`` with several ranks, else ``None``."""
+    if world_size > 1 and include_workers == "reduce":
+        from tensorlens.compute.distributed import CollectiveReducer
+
+        return CollectiveReducer(timeout=timeout)
+    return None
+
+
+def rule_runner(rules: Sequence[Any] | None, backends: list[Backend], rank: int) -> Any:
+    """The online rules' runner (it checks the rules, before anything is created), added to
+    ``backends`` on rank 0 (rules read rank 0's records, as trackers do); ``None`` elsewhere or
+    without rules. Imported here: a recorder without rules never loads them."""
+    if rules is None:
+        return None
+    from tensorlens.rules.online import RuleRunner
+
+    runner = RuleRunner(rules)
+    if rank != 0:
+        return None
+    backends.append(runner)
+    return runner
