@@ -6,7 +6,8 @@ backend's own methods are wrapped to record the calls; they still run for real.
 
 Contract: ``open`` first and once, ``write`` once per saved step, ``flush`` when the hook
 flushes, ``close`` last and once; no failed or dropped record; a hook closed before any saved
-step closes the backend cleanly.
+step closes the backend cleanly. The same class replays (``tensorlens sync``): every backend that
+replays gets each stored record once, and a second sync sends nothing.
 """
 
 from __future__ import annotations
@@ -20,9 +21,16 @@ import torch
 from torch import nn
 
 import tensorlens as tl
-from tensorlens.backends.base import backend_class
+from tensorlens.backends.base import backend_class, replaying_backends
 
 BACKENDS = tl.registered_backends()
+#: what each built-in tracker needs to replay into ``tmp_path`` (a backend of one's own: its defaults)
+REPLAY_OPTIONS = {
+    "wandb": lambda tmp: {"offline": True, "wandb_dir": str(tmp / "wb"), "project": "tensorlens-contract"},
+    "mlflow": lambda tmp: {"tracking_uri": f"sqlite:///{tmp / 'mlflow.db'}", "experiment": "contract"},
+    "tensorboard": lambda tmp: {"logdir": str(tmp / "tb")},
+}
+LIBRARY = {"wandb": "wandb", "mlflow": "mlflow", "tensorboard": "tensorboard"}
 
 
 @contextlib.contextmanager
@@ -127,3 +135,32 @@ def test_backend_closes_cleanly_without_any_record(name, tmp_path) -> None:
     problems = [str(w.message) for w in caught if "tensorlens: backend" in str(w.message)]
     assert not problems, problems
     assert calls == ["close"]  # never opened: nothing was saved
+
+
+@pytest.mark.parametrize("name", replaying_backends())
+def test_every_backend_that_replays_gets_each_stored_record_once(name, tmp_path, monkeypatch) -> None:
+    if name in LIBRARY:
+        pytest.importorskip(LIBRARY[name])
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    loss_fn = nn.MSELoss()
+    hook = tl.watch(model, loss_fn, save_interval=2, activations=True, out_dir=tmp_path / "run", backends=["local"])
+    tiny_training(hook, model, loss_fn)
+    hook.close()
+    cls = backend_class(name)
+    written = []
+    real = cls.write
+    monkeypatch.setattr(cls, "write", lambda self, record: (written.append((record.mode, record.step)), real(self, record)))
+    options = REPLAY_OPTIONS.get(name, lambda tmp: {})(tmp_path)
+    first = tl.sync_run(hook.run_dir, name, options=options, progress=False)
+    with tl.open_run(hook.run_dir) as run:
+        assert written == [(r.mode, r.step) for r in run.records()] and first.records_sent == len(written) == 4
+    again = tl.sync_run(hook.run_dir, name, options=options, progress=False)
+    assert again.records_sent == 0 and again.already_sent == 4 and again.run_id == first.run_id and len(written) == 4
+
+
+def test_the_backends_that_replay_are_the_trackers() -> None:
+    assert {"wandb", "mlflow", "tensorboard"} <= set(replaying_backends())
+    assert not {"local", "memory"} & set(replaying_backends())  # the store itself; a list that ends with the sync
