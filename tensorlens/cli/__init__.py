@@ -7,7 +7,7 @@
     tensorlens export RUN --format csv|parquet       tidy: step, mode, mode_step, worker, tensor, statistic, value
     tensorlens rules RUN [--rule SPEC ...] [--check]  run rules over a stored run
     tensorlens compare RUN_A RUN_B [--check]         where two runs diverge
-    tensorlens sync RUN --to wandb|mlflow|tensorboard replay a stored run into a tracker (again: only new steps)
+    tensorlens sync RUN --to NAME                    replay a stored run into a tracker or your backend (again: only new steps)
     tensorlens wandb-install-chart --entity E        the W&B histogram-heatmap custom chart
     tensorlens --version                             (also: python -m tensorlens --version)
 
