@@ -48,6 +48,9 @@ def slow_write(self, record):
     count += 1
     if count == int(os.environ["TL_TEST_MARK_AFTER"]):
         open(os.environ["TL_TEST_MARKER"], "w").close()
+        release, deadline = os.environ.get("TL_TEST_RELEASE"), time.monotonic() + 300
+        while release and not os.path.exists(release) and time.monotonic() < deadline:
+            time.sleep(0.05)  # held mid-sync until the test has done what it must do meanwhile
     time.sleep(float(os.environ["TL_TEST_DELAY"]))
 TensorBoardBackend.write = slow_write
 from tensorlens.cli import main
@@ -59,11 +62,14 @@ def env(**extra: str) -> dict[str, str]:
     return {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": ROOT, **extra}
 
 
-def start_slow_sync(run_dir: str, logdir: str, marker: str, mark_after: int, delay: float) -> subprocess.Popen[str]:
+def start_slow_sync(run_dir: str, logdir: str, marker: str, mark_after: int, delay: float,
+                    release: str = "") -> subprocess.Popen[str]:
+    """The sync, slowed by ``delay`` per record; with ``release``, also held after ``mark_after``
+    records until that file exists (so a busy machine cannot let it finish too early)."""
     command = [sys.executable, "-c", SLOW_SYNC, "sync", run_dir, "--to", "tensorboard", "--logdir", logdir, "--no-progress"]
     return subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=env(TL_TEST_MARKER=marker, TL_TEST_MARK_AFTER=str(mark_after), TL_TEST_DELAY=str(delay)),
+        env=env(TL_TEST_MARKER=marker, TL_TEST_MARK_AFTER=str(mark_after), TL_TEST_DELAY=str(delay), TL_TEST_RELEASE=release),
     )
 
 
@@ -134,7 +140,8 @@ def needs_nobody() -> None:
 def test_a_second_sync_of_the_run_to_the_destination_fails_at_once_and_nothing_is_sent_twice(tmp_path: Any) -> None:
     run_dir = train(str(tmp_path / "run"), ["local"], steps=16)
     logdir, marker = str(tmp_path / "tb"), str(tmp_path / "started")
-    first = start_slow_sync(run_dir, logdir, marker, mark_after=2, delay=0.4)
+    release = str(tmp_path / "release")
+    first = start_slow_sync(run_dir, logdir, marker, mark_after=2, delay=0.05, release=release)
     try:
         wait_for(marker, first)
         started = time.monotonic()
@@ -145,6 +152,8 @@ def test_a_second_sync_of_the_run_to_the_destination_fails_at_once_and_nothing_i
         # another destination of the same run is not held up
         other = cli("sync", run_dir, "--to", "tensorboard", "--logdir", str(tmp_path / "tb2"), "--no-progress")
         assert other.returncode == 0, other.stderr
+        assert first.poll() is None  # still held in the middle: the refusal above was a real overlap
+        open(release, "w").close()
         out, err = first.communicate(timeout=180)
     finally:
         if first.poll() is None:
