@@ -2,7 +2,7 @@
 
 A :class:`StepRecord` holds a step's statistics as arrays (one float64 array of scalar values
 named by ``(tensor, stat)`` pairs; histogram counts, edges and info rows concatenated), built once
-per step by :mod:`tensorlens.engine.assemble` and shared by every backend, and yielded again by
+per step by :mod:`tensorlens.dispatch.assemble` and shared by every backend, and yielded again by
 :meth:`tensorlens.Run.records` when a stored run is read back. Rules, reports, run comparison and
 replay into trackers therefore take one input, live or stored.
 

@@ -108,7 +108,7 @@ def test_parameter_jobs_from_templates_equal_jobs_built_per_tensor(tmp_path) -> 
     model = _model()
     hook = tl.watch(model, collections=["weights", "biases", "gradients"], backends=["local"], out_dir=str(tmp_path))
     try:
-        planner, cache = hook.planner, ParameterJobs()
+        planner, cache = hook.schedule, ParameterJobs()
         saving = planner.saving(ModeKeys.TRAIN, 0)
 
         def check() -> None:

@@ -91,7 +91,7 @@ class Hook(Recorder):
         if scales:
             from tensorlens.scales.source import ScaleSource
 
-            self.planner.enable("scales")
+            self.schedule.enable("scales")
             self._scales = ScaleSource(self.run_dir, scales_plot_interval)
             self.add_source(self._scales)
             self._arm_scales()

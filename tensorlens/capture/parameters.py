@@ -8,7 +8,7 @@ An uninitialised parameter (``nn.LazyLinear`` before its first call) holds no va
 shape yet: it is left out, as if the module had no such parameter, and listed from the first
 saved step after it materialises. ``materialize()`` changes the object's class in place (same
 ``id``), so it is the *list of names* that changes then, which is what the job cache keys on
-(:class:`tensorlens.engine.plan_cache.ParameterJobs`).
+(:class:`tensorlens.engine.parameter_jobs.ParameterJobs`).
 """
 
 from __future__ import annotations

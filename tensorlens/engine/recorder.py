@@ -175,12 +175,6 @@ class Recorder:
     # ------------------------------------------------------------------ configuration
 
     @property
-    def planner(self) -> Schedule:
-        """The :attr:`schedule` under its former name (the Hook's ``scales`` option and a test
-        still use it)."""
-        return self.schedule
-
-    @property
     def save_config(self) -> SaveConfig:
         return self.schedule.save_config
 

@@ -176,7 +176,7 @@ def stack_samples(samples: Sequence[torch.Tensor], members: list[int]) -> torch.
 class HistogramLayout:
     """How :func:`histogram_counts` batches samples of these lengths: samples of one length are
     stacked and binned together, with their group indices and bin offsets on the device. Built
-    once per plan (:mod:`tensorlens.engine.step_plan`), so a step creates no index tensors."""
+    once per plan (:mod:`tensorlens.compute.plan`), so a step creates no index tensors."""
 
     def __init__(self, lengths: list[int], bins: int, device: torch.device) -> None:
         from tensorlens.stats.torch_rows import to_device

@@ -85,7 +85,7 @@ def partial_rows_and_samples(
     ``values`` are flat tensors in their compute dtype (:func:`as_values`), ``columns[i]`` the
     columns tensor ``i`` needs (:func:`needed_columns`); others are NaN. ``nan_count`` and
     ``inf_count`` are exact (see :class:`~tensorlens.stats.torch_rows.TorchRows`; off the CPU
-    without a host sync). Every step of a model uses :mod:`tensorlens.engine.step_plan` instead,
+    without a host sync). Every step of a model uses :mod:`tensorlens.compute.plan` instead,
     which keeps the grouping across steps.
     ``scratch(values)`` may return a reusable buffer at least as long as ``values``.
     ``sample_strides[i]`` asks for every ``sample_strides[i]``-th value of tensor ``i`` (its

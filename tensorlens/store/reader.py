@@ -410,7 +410,7 @@ class TensorView:
         raise TensorNotFound(f"no histogram of {self.name!r} at step {step}")
 
 
-#: The collection of epoch aggregates (:mod:`tensorlens.engine.epochs`), read by epoch.
+#: The collection of epoch aggregates (:mod:`tensorlens.dispatch.epochs`), read by epoch.
 EPOCHS_COLLECTION = "epochs"
 #: Statistics a plain scalar answers with its own value (the statistics of one number).
 _OF_ONE_NUMBER = frozenset({"mean", "min", "max", "sum", "median", "prod"})

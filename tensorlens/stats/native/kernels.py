@@ -150,7 +150,7 @@ def finite_ranges(values: list[torch.Tensor], strides: list[int]) -> tuple[np.nd
 
 class MomentsBatch:
     """:func:`moments` of the same tensors step after step (a plan of
-    :mod:`tensorlens.engine.step_plan`): the arrays of sizes, dtypes, columns and sample strides
+    :mod:`tensorlens.compute.plan`): the arrays of sizes, dtypes, columns and sample strides
     are built once, so a step costs the call and one pointer per tensor. The histogram samples are
     gathered into one buffer owned by the batch (valid until the next :meth:`run`).
 
