@@ -34,41 +34,36 @@ read gradients too early):
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import logging
 import os
-import warnings
-from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from tensorlens.backends.base import Backend, backend_class, registered_backends
-from tensorlens.capture.modules import ModuleTaps
-from tensorlens.config import DynamicsConfig, HistogramConfig, ReductionConfig, SaveConfig
 from tensorlens.engine.recorder import Recorder
-from tensorlens.integrations._callback_options import CallbackOptions
+from tensorlens.integrations._callback_base import CLIPPED_GRADIENTS, CallbackBase
 from tensorlens.modes import ModeKeys
 from tensorlens.store.runs import DEFAULT_RUNS_DIR, default_run_name, folder_name
 
 if TYPE_CHECKING:
-    from torch import nn
+    pass
 
 log = logging.getLogger(__name__)
 
+__all__ = ["CLIPPED_GRADIENTS", "LOGGERS", "STORE_FOLDER", "TensorLensCallbackBase", "missing_namespace"]
+
 #: ``backends="loggers"``: one backend per logger of the trainer that tensorlens can write to.
 LOGGERS = "loggers"
-#: The collection that ``record_clipped_gradients=True`` writes: ``gradients_clipped/<param>/<stat>``.
-CLIPPED_GRADIENTS = "gradients_clipped"
 #: The folder, inside a logger's ``log_dir``, that holds the local run store.
 STORE_FOLDER = "tensorlens"
 
 _STAGE_MODES = {"validate": ModeKeys.EVAL, "test": ModeKeys.EVAL, "predict": ModeKeys.PREDICT}
 
 
-class TensorLensCallbackBase:
+class TensorLensCallbackBase(CallbackBase):
     """Records exact statistics of a LightningModule's tensors while a Lightning Trainer runs.
 
     Use :class:`tensorlens.integrations.lightning.TensorLensCallback` (``lightning.pytorch``) or
@@ -114,6 +109,9 @@ class TensorLensCallbackBase:
         rules: :mod:`tensorlens.rules` checked on every saved step in the background; a rule with
             ``action="stop"`` sets ``trainer.should_stop`` at the end of the next training batch.
             ``callback.hook.findings()`` lists what they found.
+        max_pending_steps, collective_timeout: as in :class:`tensorlens.Hook`.
+        options: a :class:`tensorlens.Options` holding all of the above instead (then leave them
+            at their defaults; see :mod:`tensorlens.options`).
 
     Unsupported (fails in ``setup``/``on_fit_start`` with a message): more than one optimizer,
     and the DeepSpeed and FSDP (v1) strategies, whose gradients are not in ``param.grad``.
@@ -124,60 +122,15 @@ class TensorLensCallbackBase:
     #: The ``pip install`` extra for this namespace, named in messages.
     _extra: ClassVar[str]
 
-    def __init__(
-        self,
-        save_interval: int = 100,
-        collections: Sequence[str] | None = None,
-        activations: bool = False,
-        histograms: bool | HistogramConfig = True,
-        reductions: ReductionConfig | None = None,
-        include_workers: str = "reduce",
-        record_clipped_gradients: bool = False,
-        backends: str | Sequence[str | Backend | type[Backend]] = LOGGERS,
-        out_dir: str | os.PathLike[str] | None = None,
-        save_config: SaveConfig | None = None,
-        include_regex: Sequence[str] | str | None = None,
-        run_name: str | None = None,
-        resume: str = "never",
-        dynamics: bool | DynamicsConfig = False,
-        epoch_statistics: Sequence[str] | str | None = None,
-        rules: Sequence[Any] | None = None,
-    ) -> None:
-        super().__init__()
-        # Eager checks (shared with the Hugging Face callback): a typo fails when the callback is
-        # built, not minutes into training.
-        options = CallbackOptions.check(
-            trackers=LOGGERS, save_interval=save_interval, collections=collections, activations=activations,
-            histograms=histograms, reductions=reductions, include_workers=include_workers,
-            record_clipped_gradients=record_clipped_gradients, backends=backends, out_dir=out_dir,
-            save_config=save_config, include_regex=include_regex, run_name=run_name, resume=resume,
-            dynamics=dynamics, epoch_statistics=epoch_statistics, rules=rules,
-        )
-        self.save_config = options.save_config
-        self.collections = options.collections
-        self.histogram_config = options.histogram_config
-        self.reductions = options.reductions
-        self.include_workers = options.include_workers
-        self.record_clipped_gradients = options.record_clipped_gradients
-        self.backends = options.backends
-        self.out_dir = options.out_dir
-        self.include_regex = options.include_regex
-        self.run_name = options.run_name
-        self.resume = options.resume
-        self.dynamics_config = options.dynamics_config
-        self.epoch_statistics = options.epoch_statistics
-        self.rules = options.rules
+    _entry = "lightning"
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # the options, checked: CallbackBase
         #: The :class:`tensorlens.Recorder` of the current run, or of the last one once it has ended.
         self.hook: Recorder | None = None
-        self._runs_started = 0
         self._stage: str = "fit"
         self._pl_module: Any = None
-        # eval/predict step counters survive from one stage to the next (fit, then test) and
-        # through checkpoints, so records of a later stage never overwrite earlier ones
-        self._mode_steps: dict[str, int] = {}
         self._prepared = False  # prepare_step ran for the current train step
-        self._warned: set[str] = set()
 
     # ------------------------------------------------------------------ Lightning hooks: lifecycle
 
@@ -196,32 +149,15 @@ class TensorLensCallbackBase:
             return
         pl_module, stage = self._pl_module, self._stage
         run_dir, run_name = self._run_location(trainer)
-        backends: list[str | Backend | type[Backend]] = []
-        for spec in self.backends:
-            if spec == LOGGERS:
-                # loggers on ranks > 0 are dummies: only rank 0 writes to trackers
-                backends += self._logger_backends(trainer) if trainer.is_global_zero else []
-            else:
-                backends.append(spec)
+        # loggers on ranks > 0 are dummies: only rank 0 writes to trackers
+        backends = self._backend_specs(lambda: self._logger_backends(trainer) if trainer.is_global_zero else [])
         # a later stage of this callback (test after fit) or a trainer restoring a checkpoint
         # continues the run it wrote before
         restoring = getattr(trainer, "ckpt_path", None) is not None
-        resume = "allow" if (self._runs_started or restoring) and self.resume == "never" else self.resume
-        # the options as they are now (an attribute may have been set since __init__), mapped to the
-        # Recorder's arguments in the one place the Hugging Face callback uses too
-        options = CallbackOptions(**{f.name: getattr(self, f.name) for f in dataclasses.fields(CallbackOptions)})
-        hook = Recorder(out_dir=run_dir, backends=backends or ["local"], run_name=run_name, resume=resume, **options.recorder_kwargs())
-        self._runs_started += 1
-        try:
-            taps = ModuleTaps(hook.capture, hook.warn_once, hook.dynamics)
-            taps.add_root(pl_module)
-            hook.add_source(taps)
-            hook.set_mode(_STAGE_MODES.get(stage, ModeKeys.TRAIN))
-            hook.set_step(trainer.global_step, self._mode_steps)
-        except Exception:
-            hook.close()
-            raise
-        self.hook = hook
+        self.hook = self._start_recorder(
+            run_dir, backends, run_name, self._resume(bool(self._runs_started or restoring)), pl_module,
+            trainer.global_step, _STAGE_MODES.get(stage, ModeKeys.TRAIN),
+        )
         self._prepared = False
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
@@ -287,13 +223,11 @@ class TensorLensCallbackBase:
         hook = self._live_hook()
         if hook is None or trainer.global_step == hook.global_step:
             return  # accumulating: no optimizer step in this batch
-        if self.record_clipped_gradients and self._prepared and hook.will_save("gradients"):
-            self._save_clipped_gradients(hook, pl_module)
-        if self.record_clipped_gradients and self._prepared and hook.will_save("dynamics"):
-            hook.read_clipped_gradients()
+        if self.options.record_clipped_gradients and self._prepared:
+            self._record_clipped(hook, pl_module)
         hook.step()
         self._prepared = False
-        if self.rules is not None:
+        if self.options.rules is not None:
             stop = hook.should_stop  # a rule with action="stop" fired (rules run on rank 0 only)
             if trainer.world_size > 1:  # every rank must leave at the same batch, or the others hang
                 stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
@@ -306,19 +240,6 @@ class TensorLensCallbackBase:
         hook = self._live_hook()
         if hook is not None:
             hook.end_epoch(trainer.current_epoch)
-
-    def _save_clipped_gradients(self, hook: Recorder, pl_module: nn.Module) -> None:
-        """Gradients as the optimizer used them, after clipping (``.grad`` lives until the next
-        ``zero_grad``), in the record of the step being closed."""
-        gradients = hook.collections["gradients"]
-        seen: set[int] = set()
-        for name, param in pl_module.named_parameters():
-            if id(param) in seen or param.grad is None or not gradients.matches("gradients", name):
-                continue
-            seen.add(id(param))
-            # an FSDP2 gradient stays a DTensor: the hook merges its shards across ranks, while a
-            # plain (DDP, all-reduced) gradient is the same everywhere and taken from rank 0
-            hook.save_tensor(name, param.grad, CLIPPED_GRADIENTS)
 
     # ------------------------------------------------------------------ Lightning hooks: evaluation
 
@@ -421,17 +342,9 @@ class TensorLensCallbackBase:
             self._mode_steps[str(mode)] = hook.mode_step(mode)
 
     def _close(self) -> None:
-        hook = self.hook
-        if hook is None or hook.closed:
-            return
-        self._remember_mode_steps(hook)
-        hook.close()
-        self._prepared = False
-
-    def _warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            warnings.warn(f"tensorlens: {message}", stacklevel=3)
+        if self._live_hook() is not None:
+            self._close_recorder(self.hook)
+            self._prepared = False
 
     def _module(self, name: str) -> ModuleType:
         """A submodule of the namespace (``loggers``, ``strategies``), imported on first use."""
@@ -463,12 +376,12 @@ class TensorLensCallbackBase:
     def _local_run_location(self, trainer: Any) -> tuple[str, str]:
         loggers = list(trainer.loggers)
         logger = loggers[0] if loggers else None
-        name = self.run_name
+        name = self.options.run_name
         if name is None and logger is not None:
             name = "-".join(str(p) for p in (logger.name, logger.version) if p not in (None, ""))
         name = name or default_run_name()
-        if self.out_dir is not None:
-            return os.path.abspath(os.fspath(self.out_dir)), name
+        if self.options.out_dir is not None:
+            return os.path.abspath(os.fspath(self.options.out_dir)), name
         for candidate in loggers:
             log_dir = getattr(candidate, "log_dir", None)
             if isinstance(log_dir, str) and log_dir:

@@ -42,9 +42,7 @@ import glob
 import math
 import os
 import sys
-import warnings
 import weakref
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -53,11 +51,8 @@ from torch import nn
 from tensorlens._runtime import compiling, in_backward
 from tensorlens.backends.base import Backend, active_run_name
 from tensorlens.backends.optional import import_optional
-from tensorlens.capture.modules import ModuleTaps
-from tensorlens.config import HistogramConfig, ReductionConfig, SaveConfig
-from tensorlens.engine.dynamics import DynamicsConfig
 from tensorlens.engine.recorder import Recorder
-from tensorlens.integrations._callback_options import BackendSpec, CallbackOptions
+from tensorlens.integrations._callback_base import CLIPPED_GRADIENTS, CallbackBase
 from tensorlens.modes import ModeKeys
 from tensorlens.store.runs import DEFAULT_RUNS_DIR, default_run_name, folder_name
 
@@ -72,15 +67,13 @@ __all__ = ["CLIPPED_GRADIENTS", "REPORT_TO", "TensorLensCallback"]
 
 #: ``backends="report_to"``: a backend for each tracker of ``TrainingArguments.report_to``.
 REPORT_TO = "report_to"
-#: The collection that ``record_clipped_gradients=True`` writes: ``gradients_clipped/<param>/<stat>``.
-CLIPPED_GRADIENTS = "gradients_clipped"
 #: The step key of every row the Trainer's ``WandbCallback`` logs (its x axis for ``*``).
 WANDB_STEP_KEY = "train/global_step"
 #: An event file written this long before training began is not the TensorBoardCallback's.
 _TENSORBOARD_FRESH_S = 120.0
 
 
-class TensorLensCallback(transformers.TrainerCallback):
+class TensorLensCallback(CallbackBase, transformers.TrainerCallback):
     """Records exact statistics of the model's tensors while a Hugging Face ``Trainer`` trains.
 
     >>> trainer = Trainer(model, args, train_dataset=ds, callbacks=[TensorLensCallback(save_interval=50)])  # doctest: +SKIP
@@ -112,38 +105,19 @@ class TensorLensCallback(transformers.TrainerCallback):
             :meth:`tensorlens.Recorder.end_epoch`).
         rules: :mod:`tensorlens.rules` checked on every saved step in the background; a rule with
             ``action="stop"`` sets ``control.should_training_stop``.
+        max_pending_steps, collective_timeout: as in :class:`tensorlens.Hook`.
+        options: a :class:`tensorlens.Options` holding all of the above instead (then leave them
+            at their defaults; see :mod:`tensorlens.options`).
 
     Evaluation outside ``trainer.train()`` (``trainer.evaluate()`` on its own) is not recorded.
     Unsupported (fails in ``on_train_begin``): DeepSpeed and FSDP version 1, whose gradients are
     not in ``param.grad``.
     """
 
-    def __init__(
-        self,
-        save_interval: int = 100,
-        collections: Sequence[str] | None = None,
-        activations: bool = False,
-        histograms: bool | HistogramConfig = True,
-        reductions: ReductionConfig | None = None,
-        include_workers: str = "reduce",
-        record_clipped_gradients: bool = False,
-        backends: str | Sequence[BackendSpec] = REPORT_TO,
-        out_dir: str | os.PathLike[str] | None = None,
-        save_config: SaveConfig | None = None,
-        include_regex: Sequence[str] | str | None = None,
-        run_name: str | None = None,
-        resume: str = "never",
-        dynamics: bool | DynamicsConfig = False,
-        epoch_statistics: Sequence[str] | str | None = None,
-        rules: Sequence[Any] | None = None,
-    ) -> None:
-        self.options = CallbackOptions.check(
-            trackers=REPORT_TO, save_interval=save_interval, collections=collections, activations=activations,
-            histograms=histograms, reductions=reductions, include_workers=include_workers,
-            record_clipped_gradients=record_clipped_gradients, backends=backends, out_dir=out_dir,
-            save_config=save_config, include_regex=include_regex, run_name=run_name, resume=resume,
-            dynamics=dynamics, epoch_statistics=epoch_statistics, rules=rules,
-        )
+    _entry = "transformers"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # the options, checked: CallbackBase
         #: The :class:`tensorlens.Recorder` of the current ``train()``, or of the last one once it ended.
         self.recorder: Recorder | None = None
         self._state: Any = None  # the Trainer's TrainerState (one object for the Trainer's life)
@@ -156,10 +130,7 @@ class TensorLensCallback(transformers.TrainerCallback):
         self._before_clipping = False  # read them at the end of the backward pass
         self._clipping = False
         self._eval_open = False
-        self._mode_steps: dict[str, int] = {}
-        self._runs_started = 0
         self._atexit: Any = None
-        self._warned: set[str] = set()
 
     # ------------------------------------------------------------------ training: begin and end
 
@@ -188,22 +159,11 @@ class TensorLensCallback(transformers.TrainerCallback):
         options = self.options
         run_name = options.run_name or active_run_name() or default_run_name()
         out_dir = options.out_dir or os.path.join(args.output_dir, DEFAULT_RUNS_DIR, folder_name(run_name))
-        backends: list[BackendSpec] = []
-        for spec in options.backends:
-            if spec == REPORT_TO:
-                # trackers are rank 0's: the Trainer's own callbacks start their runs there only
-                backends += self._report_to_backends(args) if state.is_world_process_zero else []
-            else:
-                backends.append(spec)
-        resume = "allow" if self._runs_started and options.resume == "never" else options.resume
-        recorder = Recorder(out_dir=out_dir, backends=backends or ["local"], run_name=run_name, resume=resume,
-                            **options.recorder_kwargs())
-        self._runs_started += 1
+        # trackers are rank 0's: the Trainer's own callbacks start their runs there only
+        backends = self._backend_specs(lambda: self._report_to_backends(args) if state.is_world_process_zero else [])
+        recorder = self._start_recorder(out_dir, backends, run_name, self._resume(self._runs_started > 0),
+                                        _unwrapped(model), state.global_step)
         try:
-            taps = ModuleTaps(recorder.capture, recorder.warn_once, recorder.dynamics)
-            taps.add_root(_unwrapped(model))
-            recorder.add_source(taps)
-            recorder.set_step(state.global_step, self._mode_steps)
             ref = weakref.ref(self)  # hooks and atexit must not keep the callback alive
             root = _unwrapped(model)
             self._root_handles = [root.register_forward_pre_hook(lambda m, a: _call(ref, "_root_forward_pre", m))]
@@ -274,20 +234,8 @@ class TensorLensCallback(transformers.TrainerCallback):
         if not self._prepared:  # not a saved step, no clipping, or fp16
             self._prepared = True
             recorder.prepare_step(optimizer)
-        if self.options.record_clipped_gradients and self._clipping and model is not None and recorder.will_save("gradients"):
-            self._save_clipped_gradients(recorder, _unwrapped(model))
-        if self.options.record_clipped_gradients and self._clipping and recorder.will_save("dynamics"):
-            recorder.read_clipped_gradients()  # dynamics/global grad_norm_clipped
-
-    def _save_clipped_gradients(self, recorder: Recorder, model: nn.Module) -> None:
-        """The gradients the optimizer is about to use: after the Trainer's clipping."""
-        gradients = recorder.collections["gradients"]
-        seen: set[int] = set()
-        for name, param in model.named_parameters():
-            if id(param) in seen or param.grad is None or not gradients.matches("gradients", name):
-                continue
-            seen.add(id(param))
-            recorder.save_tensor(name, param.grad, CLIPPED_GRADIENTS)
+        if self.options.record_clipped_gradients and self._clipping and model is not None:
+            self._record_clipped(recorder, _unwrapped(model))
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         recorder = self._live()
@@ -355,14 +303,7 @@ class TensorLensCallback(transformers.TrainerCallback):
         if recorder is None:
             return
         self._end_eval_step()
-        for mode in (ModeKeys.EVAL, ModeKeys.PREDICT):  # a later train() continues these counters
-            self._mode_steps[str(mode)] = recorder.mode_step(mode)
-        recorder.close()
-
-    def _warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            warnings.warn(f"tensorlens: {message}", stacklevel=3)
+        self._close_recorder(recorder)  # a later train() continues its eval/predict counters
 
     def _report_to_backends(self, args: Any) -> list[Backend]:
         """A backend for each tracker the Trainer reports to, writing into the run its callback started."""

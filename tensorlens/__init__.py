@@ -53,6 +53,7 @@ _LAZY: dict[str, str] = {
     "TensorDescriptor": "tensorlens.store.reader",
     "TensorView": "tensorlens.store.reader",
     "open_run": "tensorlens.store.reader",
+    "Options": "tensorlens.options",
     "sync_run": "tensorlens.sync.replay",
     "watch": "tensorlens.watch",
 }
@@ -74,6 +75,7 @@ if TYPE_CHECKING:  # what type checkers and editors see: the same names, importe
     from tensorlens.file_limit import setup
     from tensorlens.findings import Finding
     from tensorlens.modes import ModeKeys
+    from tensorlens.options import Options
     from tensorlens.records import HistogramEntry, ScalarEntry, StepRecord, TensorEntry
     from tensorlens.reports import explore, report
     from tensorlens.scales import (
@@ -102,6 +104,7 @@ __all__ = [
     "Kind",
     "MemoryBackend",
     "ModeKeys",
+    "Options",
     "Recorder",
     "ReductionConfig",
     "Run",

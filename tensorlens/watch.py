@@ -8,9 +8,11 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
+from tensorlens._checks import expected
 from tensorlens.backends.base import Backend
 from tensorlens.capture.hook import Hook
-from tensorlens.config import DynamicsConfig, HistogramConfig, ReductionConfig, SaveConfig, expected
+from tensorlens.config import DynamicsConfig, HistogramConfig, ReductionConfig, SaveConfig
+from tensorlens.options import ENTRY_DEFAULTS, Options, from_keywords
 
 if TYPE_CHECKING:
     from tensorlens.rules.base import Rule
@@ -20,15 +22,6 @@ _WANDB_LOG = {
     "parameters": ["weights", "biases", "losses", "summaries", "scalars"],
     "all": ["weights", "biases", "gradients", "losses", "summaries", "scalars"],
 }
-
-
-def histogram_config_from(histograms: bool | HistogramConfig) -> HistogramConfig:
-    """``histograms=True/False`` or a config, as ``watch`` and the Lightning callback take it."""
-    if isinstance(histograms, bool):
-        return HistogramConfig() if histograms else HistogramConfig(bins=0)
-    if isinstance(histograms, HistogramConfig):
-        return histograms
-    raise expected("histograms", "a bool or a tl.HistogramConfig", histograms)
 
 
 def watch(
@@ -51,6 +44,12 @@ def watch(
     epoch_statistics: Sequence[str] | str | None = None,
     scales: bool = False,
     rules: Sequence[Rule] | None = None,
+    save_config: SaveConfig | None = None,
+    include_regex: Sequence[str] | str | None = None,
+    max_pending_steps: int = 64,
+    collective_timeout: float | None = None,
+    scales_plot_interval: int | None = 10,
+    options: Options | None = None,
 ) -> Hook:
     """Watch ``models`` with sensible defaults and return the :class:`Hook`.
 
@@ -65,6 +64,9 @@ def watch(
     ``dynamics=True`` (or a :class:`tl.DynamicsConfig`) adds training dynamics: update sizes and
     ratios, gradient and update cosines, global norms, dead and saturated units, per-sample norms
     (``docs/dynamics.md``). ``epoch_statistics`` chooses what ``hook.end_epoch()`` aggregates.
+    ``save_config``, ``include_regex``, ``max_pending_steps``, ``collective_timeout`` and
+    ``scales_plot_interval`` are :class:`Hook`'s; ``options`` (a :class:`tl.Options`) gives them all
+    at once (see :mod:`tensorlens.options`).
 
     >>> hook = watch(model)            # doctest: +SKIP
     >>> ...train...                    # doctest: +SKIP
@@ -82,32 +84,19 @@ def watch(
         if isinstance(log_freq, bool) or not isinstance(log_freq, int) or log_freq < 1:
             raise expected("log_freq", "None or an integer >= 1 (save every log_freq optimizer steps)", log_freq)
         save_interval = log_freq
-    if isinstance(save_interval, bool) or not isinstance(save_interval, int) or save_interval < 1:
-        raise expected("save_interval", "an integer >= 1", save_interval)
-    if not isinstance(dynamics, (bool, DynamicsConfig)):
-        raise expected("dynamics", "a bool or a tl.DynamicsConfig", dynamics)
-    if collections is None:
-        collections = list(_WANDB_LOG[log or "all"])
-        if activations:
-            collections.append("activations")
-    if dynamics is not False and "dynamics" not in collections:
-        collections = [*collections, "dynamics"]
-    histogram_config = histogram_config_from(histograms)
-    hook = Hook(
-        out_dir=out_dir,
-        save_config=SaveConfig(save_interval=save_interval),
-        reduction_config=reductions,
-        histogram_config=histogram_config,
-        include_collections=collections,
-        backends=backends,
-        run_name=run_name,
-        include_workers=include_workers,
-        resume=resume,
-        dynamics_config=dynamics if isinstance(dynamics, DynamicsConfig) else None,
-        epoch_statistics=epoch_statistics,
-        scales=scales,
-        rules=rules,
-    )
+    if collections is None and log is not None:
+        collections = list(_WANDB_LOG[log])
+    opts = from_keywords("watch", options, {
+        "save_interval": save_interval, "save_config": save_config, "collections": collections,
+        "activations": activations, "histograms": histograms, "reductions": reductions, "backends": backends,
+        "out_dir": out_dir, "run_name": run_name, "include_workers": include_workers, "resume": resume,
+        "dynamics": dynamics, "epoch_statistics": epoch_statistics, "scales": scales, "rules": rules,
+        "include_regex": include_regex, "max_pending_steps": max_pending_steps,
+        "collective_timeout": collective_timeout, "scales_plot_interval": scales_plot_interval,
+    })
+    if opts.save_config is None:  # an Options left to the entry point: watch saves every 100th step
+        opts = opts.replace(save_config=SaveConfig(save_interval=ENTRY_DEFAULTS["watch"]["save_interval"]))
+    hook = Hook(options=opts)
     try:
         if isinstance(models, nn.Module):
             hook.register_module(models)

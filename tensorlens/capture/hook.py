@@ -19,6 +19,7 @@ recorder's.
 from __future__ import annotations
 
 import atexit
+import inspect
 import re
 import sys
 import weakref
@@ -35,6 +36,9 @@ from tensorlens._runtime import compiling, in_backward
 from tensorlens.capture.modules import ModuleTaps
 from tensorlens.engine.recorder import Recorder, guarded
 from tensorlens.modes import ModeKeys
+from tensorlens.options import Options, from_keywords
+
+_RECORDER_SIGNATURE = inspect.signature(Recorder.__init__)
 
 
 class Hook(Recorder):
@@ -75,24 +79,28 @@ class Hook(Recorder):
             many of those steps the log2 plot is drawn into ``<run_dir>/scales/`` (``None``: never).
         rules: :mod:`tensorlens.rules` checked on every saved step in the background; their
             actions are taken at the next optimizer step (``hook.should_stop``, ``hook.findings()``).
+        options: a :class:`tensorlens.Options` holding all of the above instead (then leave them
+            at their defaults).
     """
 
-    def __init__(self, *args: Any, scales: bool = False, scales_plot_interval: int | None = 10, **kwargs: Any) -> None:
-        if not isinstance(scales, bool):
-            raise expected("scales", "a bool", scales)
-        if scales_plot_interval is not None and (
-            isinstance(scales_plot_interval, bool) or not isinstance(scales_plot_interval, int) or scales_plot_interval < 1
-        ):
-            raise expected("scales_plot_interval", "None or an integer >= 1", scales_plot_interval)
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self, *args: Any, scales: bool = False, scales_plot_interval: int | None = 10, options: Options | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # the recorder's keywords by name (a wrong one is a TypeError, as always), checked with
+        # the Hook's own in one place: tensorlens.options
+        given = _RECORDER_SIGNATURE.bind(self, *args, **kwargs).arguments
+        given.pop("self")
+        opts = from_keywords("Hook", options, {**given, "scales": scales, "scales_plot_interval": scales_plot_interval})
+        super().__init__(options=opts)
         self._taps = ModuleTaps(self._untraced(self.capture), self.warn_once, _UntracedDynamics(self.dynamics, self._untraced))
         self.add_source(self._taps)
         self._scales: Any = None
-        if scales:
+        if opts.scales:
             from tensorlens.scales.source import ScaleSource
 
             self.schedule.enable("scales")
-            self._scales = ScaleSource(self.run_dir, scales_plot_interval)
+            self._scales = ScaleSource(self.run_dir, opts.scales_plot_interval)
             self.add_source(self._scales)
             self._arm_scales()
         self._root_handles: list[RemovableHandle] = []

@@ -37,6 +37,7 @@ from tensorlens.compute.host_statistics import HostStatistics
 from tensorlens.compute.jobs import DerivedScalars
 from tensorlens.config import DynamicsConfig, HistogramConfig, ReductionConfig, SaveConfig
 from tensorlens.dispatch import BackendStats
+from tensorlens.dispatch.epochs import check_epoch_statistics
 from tensorlens.engine import gather, summary_targets
 from tensorlens.engine.counters import StepCounters
 from tensorlens.engine.dynamics import Dynamics
@@ -44,11 +45,12 @@ from tensorlens.engine.dynamics_steps import DynamicsSteps
 from tensorlens.engine.inputs import REDUCE_WHEN_CAPTURED, StepInputs
 from tensorlens.engine.metadata import metadata_of
 from tensorlens.engine.pending import PendingCaptures
-from tensorlens.engine.run_setup import WORKER_MODES, check_arguments, collective_reducer, locate_run, rule_runner
+from tensorlens.engine.run_setup import collective_reducer, locate_run, rule_runner
 from tensorlens.engine.schedule import Schedule
 from tensorlens.engine.sources import ScalarSource, SourceHooks, TensorSource
 from tensorlens.engine.step_output import StepOutput
 from tensorlens.modes import ModeKeys
+from tensorlens.options import WORKER_MODES, Options, from_keywords
 from tensorlens.records import ScalarEntry
 from tensorlens.stats import native
 from tensorlens.store import runs
@@ -104,35 +106,43 @@ class Recorder:
         epoch_statistics: Iterable[str] | str | None = None,
         rules: Sequence[Rule] | None = None,
         collective_timeout: float | None = None,
+        options: Options | None = None,
     ) -> None:
-        chosen_epoch_statistics = check_arguments(
-            save_config, reduction_config, histogram_config, include_workers, max_pending_steps, run_name, out_dir, resume,
-            dynamics_config, epoch_statistics, collective_timeout,
-        )
+        opts = from_keywords("Recorder", options, {
+            "out_dir": out_dir, "save_config": save_config, "reduction_config": reduction_config,
+            "histogram_config": histogram_config, "include_collections": include_collections,
+            "include_regex": include_regex, "backends": backends, "run_name": run_name,
+            "include_workers": include_workers, "max_pending_steps": max_pending_steps, "resume": resume,
+            "dynamics_config": dynamics_config, "epoch_statistics": epoch_statistics, "rules": rules,
+            "collective_timeout": collective_timeout,
+        })
+        #: The options this recorder was made with (checked: :class:`tensorlens.Options`).
+        self.options = opts
+        include_workers, collective_timeout = opts.include_workers, opts.collective_timeout
         self.collective_timeout = collective_timeout
 
         self.schedule = Schedule(
-            save_config or SaveConfig(),
-            reduction_config,
-            histogram_config or HistogramConfig(),
-            DEFAULT_KINDS if include_collections is None else names_list("include_collections", include_collections),
-            include_regex,
+            opts.save_config or SaveConfig(),
+            opts.reduction_config,
+            opts.histogram_config or HistogramConfig(),
+            DEFAULT_KINDS if opts.include_collections is None else names_list("include_collections", opts.include_collections),
+            opts.include_regex,
         )
         self.include_workers = include_workers
         self.rank, self.world_size = distributed_rank()
         self.worker = "reduced" if self.world_size > 1 and include_workers == "reduce" else f"worker_{self.rank}"
         reducer = collective_reducer(self.world_size, include_workers, collective_timeout)  # checks its timeout first
-        self._backends = resolve_backends(backends, self.rank)
-        self._rules = rule_runner(rules, self._backends, self.rank)
+        self._backends = resolve_backends("auto" if opts.backends is None else opts.backends, self.rank)
+        self._rules = rule_runner(opts.rules, self._backends, self.rank)
         self.run_name, self.run_dir, self.resumed = locate_run(
-            out_dir, run_name, resume, self._backends, self.rank, self.world_size, include_workers, collective_timeout,
+            opts.out_dir, opts.run_name, opts.resume, self._backends, self.rank, self.world_size, include_workers, collective_timeout,
         )
         run = RunInfo(
             self.run_name, self.run_dir, self.rank, self.world_size, {"include_workers": include_workers},
             metadata=metadata_of(self), modules=self._describe_modules,
         )
         self._output = StepOutput(
-            self._backends, run, max_pending_steps, chosen_epoch_statistics, reducer, self.rank, self.world_size,
+            self._backends, run, opts.max_pending_steps, check_epoch_statistics(opts.epoch_statistics), reducer, self.rank, self.world_size,
             include_workers, self.worker, self.warn_once,
         )
         self._dispatcher, self._engine = self._output.dispatcher, self._output.statistics
@@ -153,7 +163,7 @@ class Recorder:
         self._update_snapshot: list[tuple[str, torch.Tensor, torch.Tensor]] = []
         #: The bookkeeping of the ``dynamics`` collection (module taps feed it; see engine/dynamics.py).
         self.dynamics = Dynamics(
-            dynamics_config or DynamicsConfig(), self.schedule, self.warn_once, lambda: self._mode,
+            opts.dynamics_config or DynamicsConfig(), self.schedule, self.warn_once, lambda: self._mode,
             lambda: not (self._paused or self._closed),
         )
         saves_here = not (self.world_size > 1 and include_workers == "one" and self.rank != 0)

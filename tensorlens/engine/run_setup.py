@@ -1,55 +1,17 @@
-"""A recorder's setup: its constructor arguments checked, its run folder found, its cross-rank
-reducer and its rules' runner made.
+"""A recorder's setup: its run folder found, its cross-rank reducer and its rules' runner made.
 
-Kept out of engine/recorder.py so the recorder holds steps and the lifecycle; every check raises
-the one clear error of :func:`tensorlens._checks.expected` at construction, before anything is created.
+Kept out of engine/recorder.py so the recorder holds steps and the lifecycle. Its arguments are
+checked before, in one place for every entry point: :class:`tensorlens.options.Options`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, active_run_name
-from tensorlens.config import DynamicsConfig, HistogramConfig, ReductionConfig, SaveConfig
-from tensorlens.dispatch.epochs import check_epoch_statistics
 from tensorlens.store import runs
 from tensorlens.store.schema import store_filename
-
-WORKER_MODES = ("reduce", "one", "all")
-
-
-def check_arguments(
-    save_config: Any, reduction_config: Any, histogram_config: Any, include_workers: Any, max_pending_steps: Any,
-    run_name: Any, out_dir: Any, resume: Any, dynamics_config: Any, epoch_statistics: Iterable[str] | str | None,
-    collective_timeout: Any,
-) -> tuple[str, ...]:
-    """Raise on the first argument of :class:`~tensorlens.engine.recorder.Recorder` that is not
-    what it must be; return the epoch statistics chosen."""
-    if save_config is not None and not isinstance(save_config, SaveConfig):
-        raise expected("save_config", "a tl.SaveConfig", save_config)
-    if reduction_config is not None and not isinstance(reduction_config, ReductionConfig):
-        raise expected("reduction_config", "a tl.ReductionConfig", reduction_config)
-    if histogram_config is not None and not isinstance(histogram_config, HistogramConfig):
-        raise expected("histogram_config", "a tl.HistogramConfig", histogram_config)
-    if include_workers not in WORKER_MODES:
-        raise expected("include_workers", f"one of {list(WORKER_MODES)}", include_workers)
-    if isinstance(max_pending_steps, bool) or not isinstance(max_pending_steps, int) or max_pending_steps < 1:
-        raise expected("max_pending_steps", "an integer >= 1", max_pending_steps)
-    if run_name is not None and (not isinstance(run_name, str) or not run_name):
-        raise expected("run_name", "None or a non-empty string", run_name)
-    if out_dir is not None and not isinstance(out_dir, (str, bytes)) and not hasattr(out_dir, "__fspath__"):
-        raise expected("out_dir", "None or a path", out_dir)
-    runs.check_resume(resume)
-    if dynamics_config is not None and not isinstance(dynamics_config, DynamicsConfig):
-        raise expected("dynamics_config", "None or a tl.DynamicsConfig", dynamics_config)
-    chosen = check_epoch_statistics(epoch_statistics)
-    if collective_timeout is not None and (
-        isinstance(collective_timeout, bool) or not isinstance(collective_timeout, (int, float)) or not collective_timeout > 0
-    ):
-        raise expected("collective_timeout", "None or a positive number of seconds", collective_timeout)
-    return chosen
 
 
 def locate_run(

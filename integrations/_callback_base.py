@@ -1,0 +1,161 @@
+"""What the Lightning and Hugging Face callbacks share: their options, the recorder and module taps
+they start and close, the clipped gradients they record, and their warn-once.
+
+It imports no framework (each callback combines it with its framework's ``Callback`` class), so
+``tensorlens.integrations`` stays importable without Lightning or transformers.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from tensorlens._checks import expected
+from tensorlens.backends.base import Backend, registered_backends
+from tensorlens.capture.modules import ModuleTaps
+from tensorlens.config import DynamicsConfig, HistogramConfig, ReductionConfig, SaveConfig
+from tensorlens.engine.recorder import Recorder
+from tensorlens.modes import ModeKeys
+from tensorlens.options import ENTRY_DEFAULTS, Options, from_keywords
+
+if TYPE_CHECKING:
+    import os
+
+    from torch import nn
+
+BackendSpec = str | Backend | type[Backend]
+#: The collection that ``record_clipped_gradients=True`` writes: ``gradients_clipped/<param>/<stat>``.
+CLIPPED_GRADIENTS = "gradients_clipped"
+
+
+class CallbackBase:
+    """A framework callback's options and the recorder it drives (see the callbacks' docstrings)."""
+
+    #: The entry point's name in :data:`tensorlens.options.ENTRY_DEFAULTS` (``"lightning"``, ``"transformers"``).
+    _entry: ClassVar[str]
+
+    def __init__(
+        self,
+        save_interval: int = 100,
+        collections: Sequence[str] | None = None,
+        activations: bool = False,
+        histograms: bool | HistogramConfig = True,
+        reductions: ReductionConfig | None = None,
+        include_workers: str = "reduce",
+        record_clipped_gradients: bool = False,
+        backends: str | Sequence[BackendSpec] | None = None,
+        out_dir: str | os.PathLike[str] | None = None,
+        save_config: SaveConfig | None = None,
+        include_regex: Sequence[str] | str | None = None,
+        run_name: str | None = None,
+        resume: str = "never",
+        dynamics: bool | DynamicsConfig = False,
+        epoch_statistics: Sequence[str] | str | None = None,
+        rules: Sequence[Any] | None = None,
+        max_pending_steps: int = 64,
+        collective_timeout: float | None = None,
+        options: Options | None = None,
+    ) -> None:
+        super().__init__()
+        trackers = ENTRY_DEFAULTS[self._entry]["backends"]
+        if options is None:  # named with the framework's tracker word, before the other checks
+            check_backends(trackers if backends is None else backends, trackers)
+        # checked now: a typo fails when the callback is built, not minutes into training
+        opts = from_keywords(self._entry, options, {
+            "save_interval": save_interval, "collections": collections, "activations": activations,
+            "histograms": histograms, "reductions": reductions, "include_workers": include_workers,
+            "record_clipped_gradients": record_clipped_gradients, "backends": trackers if backends is None else backends,
+            "out_dir": out_dir, "save_config": save_config, "include_regex": include_regex, "run_name": run_name,
+            "resume": resume, "dynamics": dynamics, "epoch_statistics": epoch_statistics, "rules": rules,
+            "max_pending_steps": max_pending_steps, "collective_timeout": collective_timeout,
+        })
+        if opts.save_config is None:  # an Options left to the entry point: every 100th step
+            opts = opts.replace(save_config=SaveConfig(save_interval=ENTRY_DEFAULTS[self._entry]["save_interval"]))
+        #: The callback's :class:`tensorlens.Options` (``backends`` may hold the framework's tracker word).
+        self.options = opts.replace(backends=check_backends(trackers if opts.backends is None else opts.backends, trackers))
+        self._mode_steps: dict[str, int] = {}  # eval/predict counters a later run continues
+        self._runs_started = 0
+        self._warned: set[str] = set()
+
+    def _backend_specs(self, tracker_backends: Callable[[], list[Backend]]) -> list[BackendSpec]:
+        """The backends to write to: the tracker word replaced by ``tracker_backends()``."""
+        trackers = ENTRY_DEFAULTS[self._entry]["backends"]
+        out: list[BackendSpec] = []
+        for spec in self.options.backends or ():
+            if spec == trackers:
+                out += tracker_backends()
+            else:
+                out.append(spec)
+        return out or ["local"]
+
+    def _start_recorder(
+        self, out_dir: str, backends: list[BackendSpec], run_name: str, resume: str, root: nn.Module, global_step: int,
+        mode: ModeKeys | None = None,
+    ) -> Recorder:
+        """A recorder with the module taps of ``root``, at ``global_step``; closed again if its set-up fails."""
+        opts = self.options.replace(out_dir=out_dir, backends=backends, run_name=run_name, resume=resume)
+        recorder = Recorder(options=opts)
+        self._runs_started += 1
+        try:
+            taps = ModuleTaps(recorder.capture, recorder.warn_once, recorder.dynamics)
+            taps.add_root(root)
+            recorder.add_source(taps)
+            if mode is not None:
+                recorder.set_mode(mode)
+            recorder.set_step(global_step, self._mode_steps)
+        except Exception:
+            recorder.close()
+            raise
+        return recorder
+
+    def _resume(self, continuing: bool) -> str:
+        """A later run of this callback (or one restored from a checkpoint) continues its folder."""
+        return "allow" if continuing and self.options.resume == "never" else self.options.resume
+
+    def _record_clipped(self, recorder: Recorder, model: nn.Module) -> None:
+        """The gradients as the optimizer uses them, after the framework's clipping (``.grad``
+        lives until the next ``zero_grad``): the ``gradients_clipped`` collection and, with
+        dynamics, ``grad_norm_clipped``."""
+        if recorder.will_save("gradients"):
+            gradients = recorder.collections["gradients"]
+            seen: set[int] = set()
+            for name, param in model.named_parameters():
+                if id(param) in seen or param.grad is None or not gradients.matches("gradients", name):
+                    continue
+                seen.add(id(param))
+                # an FSDP2 gradient stays a DTensor: its shards are merged across ranks, while a
+                # plain (DDP, all-reduced) gradient is the same everywhere and taken from rank 0
+                recorder.save_tensor(name, param.grad, CLIPPED_GRADIENTS)
+        if recorder.will_save("dynamics"):
+            recorder.read_clipped_gradients()
+
+    def _close_recorder(self, recorder: Recorder | None) -> None:
+        """Keep the eval/predict counters for a later run, then flush and close."""
+        if recorder is None or recorder.closed:
+            return
+        for mode in (ModeKeys.EVAL, ModeKeys.PREDICT):
+            self._mode_steps[str(mode)] = recorder.mode_step(mode)
+        recorder.close()
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(f"tensorlens: {message}", stacklevel=3)
+
+
+def check_backends(backends: Any, trackers: str) -> list[BackendSpec]:
+    """A callback's ``backends``: the tracker word, names, classes or instances."""
+    what = f'"{trackers}" or a list of "{trackers}", backend names, Backend classes or instances'
+    specs = [backends] if isinstance(backends, str) else backends
+    if not isinstance(specs, Sequence):
+        raise expected("backends", what, backends)
+    out: list[BackendSpec] = []
+    for spec in specs:
+        if isinstance(spec, str):
+            if spec != trackers and spec not in registered_backends():
+                raise expected("backends", f"{what} (names: {registered_backends()})", backends)
+        elif not (isinstance(spec, Backend) or (isinstance(spec, type) and issubclass(spec, Backend))):
+            raise expected("backends", what, backends)
+        out.append(spec)
+    return out
