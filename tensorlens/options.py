@@ -244,6 +244,9 @@ def from_keywords(entry: str, options: Options | None, keywords: Mapping[str, An
         given = [k for k, v in keywords.items() if k in defaults and not _is_default(v, defaults[k])]
         if given:
             raise expected("options", f"None when option keywords are given too ({', '.join(given)})", options)
+        senseless = [f for f, entries in NOT_ON.items() if entry in entries and not _is_default(getattr(options, f), _FIELD_DEFAULTS[f])]
+        if senseless:
+            raise expected("options", f"a tl.Options without {', '.join(senseless)} here (see tensorlens.options.NOT_ON)", options)
         return options
     fields = {k: v for k, v in keywords.items() if k in FIELDS}
     if entry in SPELLED_ENTRIES:

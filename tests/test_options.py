@@ -195,3 +195,15 @@ def test_the_lightning_callback_honours_the_options_it_gained(tmp_path: Any) -> 
     assert callback.hook is not None and callback.hook.collective_timeout == 7.5
     assert callback.hook.options.max_pending_steps == 3
     assert [r.step for r in tl.open_run(str(tmp_path / "run")).records()][:2] == [0, 1]
+
+
+def test_options_an_entry_point_cannot_honour_are_refused_there(tmp_path: Any) -> None:
+    for entry, field, value in (("Recorder", "scales", True), ("lightning", "scales_plot_interval", 3),
+                                ("transformers", "scales", True), ("lightning", "scales", True)):
+        with pytest.raises(ValueError, match=f"Expected `options` to be a tl.Options without {field} here"):
+            ENTRY_CALLABLES[entry](options=tl.Options(out_dir=str(tmp_path / "r"), **{field: value}))
+    for entry in ("watch", "Hook", "Recorder"):
+        args = (nn.Linear(2, 2),) if entry == "watch" else ()
+        with pytest.raises(ValueError, match="without record_clipped_gradients here"):
+            ENTRY_CALLABLES[entry](*args, options=tl.Options(out_dir=str(tmp_path / "r"), record_clipped_gradients=True))
+    assert not os.path.exists(tmp_path / "r")

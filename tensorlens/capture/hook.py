@@ -83,6 +83,8 @@ class Hook(Recorder):
             at their defaults).
     """
 
+    _entry = "Hook"
+
     def __init__(
         self, *args: Any, scales: bool = False, scales_plot_interval: int | None = 10, options: Options | None = None,
         **kwargs: Any,

@@ -89,6 +89,9 @@ class Recorder:
     Args: see :class:`tensorlens.Hook`.
     """
 
+    #: Which entry point's options this class takes (tensorlens.options: a Hook also takes ``scales``).
+    _entry = "Recorder"
+
     def __init__(
         self,
         out_dir: str | Any | None = None,
@@ -108,7 +111,7 @@ class Recorder:
         collective_timeout: float | None = None,
         options: Options | None = None,
     ) -> None:
-        opts = from_keywords("Recorder", options, {
+        opts = from_keywords(self._entry, options, {
             "out_dir": out_dir, "save_config": save_config, "reduction_config": reduction_config,
             "histogram_config": histogram_config, "include_collections": include_collections,
             "include_regex": include_regex, "backends": backends, "run_name": run_name,
