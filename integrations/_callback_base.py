@@ -144,6 +144,17 @@ class CallbackBase:
             warnings.warn(f"tensorlens: {message}", stacklevel=3)
 
 
+def _read_option(name: str) -> property:
+    return property(lambda self: getattr(self.options, name), doc=f"``options.{name}`` (read-only).")
+
+
+# the attributes the Lightning callback has always had, read from its one Options
+for _name in ("save_config", "collections", "histogram_config", "reductions", "include_workers", "record_clipped_gradients",
+              "backends", "out_dir", "include_regex", "run_name", "resume", "dynamics_config", "epoch_statistics", "rules"):
+    setattr(CallbackBase, _name, _read_option(_name))
+del _name
+
+
 def check_backends(backends: Any, trackers: str) -> list[BackendSpec]:
     """A callback's ``backends``: the tracker word, names, classes or instances."""
     what = f'"{trackers}" or a list of "{trackers}", backend names, Backend classes or instances'

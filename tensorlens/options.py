@@ -219,6 +219,16 @@ class Options:
         for field, check in CHECKS.items():
             check(field, getattr(self, field))
 
+    @property
+    def collections(self) -> list[str]:
+        """The collections recorded (``include_collections``, or the default ones)."""
+        return list(DEFAULT_KINDS) if self.include_collections is None else names_list("include_collections", self.include_collections)
+
+    @property
+    def reductions(self) -> ReductionConfig | None:
+        """``reduction_config`` under the name watch and the callbacks give it."""
+        return self.reduction_config
+
     def replace(self, **changes: Any) -> Options:
         """A copy with ``changes`` (checked again)."""
         return dataclasses.replace(self, **changes)
