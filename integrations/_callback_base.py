@@ -94,7 +94,10 @@ class CallbackBase:
         mode: ModeKeys | None = None,
     ) -> Recorder:
         """A recorder with the module taps of ``root``, at ``global_step``; closed again if its set-up fails."""
-        opts = self.options.replace(out_dir=out_dir, backends=backends, run_name=run_name, resume=resume)
+        # the clipped gradients are the callback's to record (_record_clipped), not the recorder's
+        opts = self.options.replace(
+            out_dir=out_dir, backends=backends, run_name=run_name, resume=resume, record_clipped_gradients=False,
+        )
         recorder = Recorder(options=opts)
         self._runs_started += 1
         try:

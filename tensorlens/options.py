@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from tensorlens._checks import expected, names_list
@@ -216,6 +216,9 @@ class Options:
     record_clipped_gradients: bool = False
 
     def __post_init__(self) -> None:
+        for field in ("include_collections", "include_regex", "epoch_statistics", "rules"):
+            if isinstance(getattr(self, field), Iterator):  # read once: by the check, then by the run
+                object.__setattr__(self, field, list(getattr(self, field)))
         for field, check in CHECKS.items():
             check(field, getattr(self, field))
 

@@ -207,3 +207,12 @@ def test_options_an_entry_point_cannot_honour_are_refused_there(tmp_path: Any) -
         with pytest.raises(ValueError, match="without record_clipped_gradients here"):
             ENTRY_CALLABLES[entry](*args, options=tl.Options(out_dir=str(tmp_path / "r"), record_clipped_gradients=True))
     assert not os.path.exists(tmp_path / "r")
+
+
+def test_an_iterator_of_rules_or_collections_is_read_once_and_kept(tmp_path: Any) -> None:
+    from tensorlens import rules as R
+
+    opts = tl.Options(rules=iter([R.VanishingGradient()]), include_collections=iter(["gradients"]))
+    assert len(opts.rules or []) == 1 and opts.collections == ["gradients"]
+    with tl.Hook(out_dir=str(tmp_path / "h"), backends=["local"], rules=(r for r in [R.VanishingGradient()])) as hook:
+        assert len(hook.options.rules or []) == 1
