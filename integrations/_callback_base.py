@@ -77,6 +77,10 @@ class CallbackBase:
         self._mode_steps: dict[str, int] = {}  # eval/predict counters a later run continues
         self._runs_started = 0
         self._warned: set[str] = set()
+        self._init_driver()
+
+    def _init_driver(self) -> None:
+        """The framework driver's own state (a subclass's; the options are checked by then)."""
 
     def _backend_specs(self, tracker_backends: Callable[[], list[Backend]]) -> list[BackendSpec]:
         """The backends to write to: the tracker word replaced by ``tracker_backends()``."""

@@ -124,8 +124,7 @@ class TensorLensCallbackBase(CallbackBase):
 
     _entry = "lightning"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)  # the options, checked: CallbackBase
+    def _init_driver(self) -> None:  # after CallbackBase.__init__ has checked the options
         #: The :class:`tensorlens.Recorder` of the current run, or of the last one once it has ended.
         self.hook: Recorder | None = None
         self._stage: str = "fit"

@@ -116,8 +116,7 @@ class TensorLensCallback(CallbackBase, transformers.TrainerCallback):
 
     _entry = "transformers"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)  # the options, checked: CallbackBase
+    def _init_driver(self) -> None:  # after CallbackBase.__init__ has checked the options
         #: The :class:`tensorlens.Recorder` of the current ``train()``, or of the last one once it ended.
         self.recorder: Recorder | None = None
         self._state: Any = None  # the Trainer's TrainerState (one object for the Trainer's life)
