@@ -151,14 +151,21 @@ class CallbackBase:
             warnings.warn(f"tensorlens: {message}", stacklevel=3)
 
 
-def _read_option(name: str) -> property:
-    return property(lambda self: getattr(self.options, name), doc=f"``options.{name}`` (read-only).")
+def _option_attribute(name: str) -> property:
+    field = {"collections": "include_collections", "reductions": "reduction_config"}.get(name, name)
+
+    def set_option(self: CallbackBase, value: Any) -> None:
+        if name == "backends":
+            value = check_backends(value, ENTRY_DEFAULTS[self._entry]["backends"])
+        self.options = self.options.replace(**{field: value})  # checked again; used from the next run on
+
+    return property(lambda self: getattr(self.options, name), set_option, doc=f"``options.{name}``.")
 
 
-# the attributes the Lightning callback has always had, read from its one Options
+# the attributes the Lightning callback has always had (set one before a run to change it), kept in its one Options
 for _name in ("save_config", "collections", "histogram_config", "reductions", "include_workers", "record_clipped_gradients",
               "backends", "out_dir", "include_regex", "run_name", "resume", "dynamics_config", "epoch_statistics", "rules"):
-    setattr(CallbackBase, _name, _read_option(_name))
+    setattr(CallbackBase, _name, _option_attribute(_name))
 del _name
 
 

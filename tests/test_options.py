@@ -216,3 +216,16 @@ def test_an_iterator_of_rules_or_collections_is_read_once_and_kept(tmp_path: Any
     assert len(opts.rules or []) == 1 and opts.collections == ["gradients"]
     with tl.Hook(out_dir=str(tmp_path / "h"), backends=["local"], rules=(r for r in [R.VanishingGradient()])) as hook:
         assert len(hook.options.rules or []) == 1
+
+
+def test_a_callback_attribute_set_before_a_run_changes_its_options_checked() -> None:
+    callback = ENTRY_CALLABLES["lightning"]()
+    callback.collections = ["gradients"]
+    callback.record_clipped_gradients = True
+    callback.backends = ["local"]
+    assert callback.options.include_collections == ["gradients"] and callback.options.record_clipped_gradients
+    assert callback.options.backends == ["local"]
+    with pytest.raises(ValueError, match="Expected `include_workers` to be one of"):
+        callback.include_workers = "some"
+    with pytest.raises(ValueError, match='Expected `backends` to be "loggers" or a list'):
+        callback.backends = 3
