@@ -29,26 +29,35 @@ def modules() -> dict[str, str]:
     return found
 
 
+def imported_names(node: ast.AST, package: str) -> set[str]:
+    """The modules (and possible submodules) one import statement names, relative ones resolved."""
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names}
+    if isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:
+            base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+        return {base, *(f"{base}.{alias.name}" for alias in node.names)}
+    return set()
+
+
+def package_of(path: str, name: str) -> str:
+    return name if path.endswith("__init__.py") else name.rsplit(".", 1)[0]
+
+
 def module_level_imports(path: str, name: str, typing: bool = False) -> set[str]:
     """tensorlens modules imported when ``name`` is imported (not inside functions; for typing
     only with ``typing``)."""
     tree = ast.parse(open(path, encoding="utf-8").read())
     out: set[str] = set()
-    package = name if path.endswith("__init__.py") else name.rsplit(".", 1)[0]
+    package = package_of(path, name)
 
     def visit(nodes: list[ast.stmt]) -> None:
         for node in nodes:
             if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test) and not typing:
                 continue
-            if isinstance(node, ast.Import):
-                out.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
-                out.add(base)
-                out.update(f"{base}.{alias.name}" for alias in node.names)
-            elif isinstance(node, (ast.If, ast.Try)):
+            out.update(imported_names(node, package))
+            if isinstance(node, (ast.If, ast.Try)):
                 visit(node.body + node.orelse + getattr(node, "finalbody", []))
                 for handler in getattr(node, "handlers", []):
                     visit(handler.body)
@@ -114,18 +123,8 @@ def all_imports(path: str, name: str) -> set[str]:
     """Every tensorlens module ``name`` imports anywhere: at module level, inside functions and
     for typing alike."""
     tree = ast.parse(open(path, encoding="utf-8").read())
-    package = name if path.endswith("__init__.py") else name.rsplit(".", 1)[0]
-    out: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
-            out.add(base)
-            out.update(f"{base}.{alias.name}" for alias in node.names)
-    return out
+    package = package_of(path, name)
+    return {module for node in ast.walk(tree) for module in imported_names(node, package)}
 
 
 # The batched statistics are "jobs in, host statistics out": they know nothing of the recorder, the
