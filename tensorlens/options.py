@@ -22,6 +22,9 @@ reduction_config    ``reductions``
 dynamics_config     ``dynamics`` (``True`` or a config; also enables the collection)
 ==================  ==========================================================================
 
+``Hook`` and ``Recorder`` take the field names. ``watch``'s ``log`` and ``log_freq`` (``wandb.watch``'s
+vocabulary) are not options: they choose ``collections`` and ``save_interval``.
+
 Per-entry defaults (:data:`ENTRY_DEFAULTS`; a field left ``None`` in an :class:`Options` takes its
 entry point's): ``backends`` is ``"auto"`` for watch, Hook and Recorder, ``"loggers"`` for the
 Lightning callback and ``"report_to"`` for the Hugging Face one; ``save_config`` saves every 100th
