@@ -69,7 +69,10 @@ def _quantiles(jobs: list[JobMeta], hists: _SortedHistograms) -> tuple[tuple[tup
                 slice(None) if len(distinct) == 1
                 else np.array([k for k, level in enumerate(levels) if level == wanted], dtype=np.intp)
             )
-            found.append((index[rows], wanted, histogram_quantile_rows(counts[rows], edges[rows], wanted)))
+            chosen = index[rows]
+            at = np.searchsorted(hists.index, chosen)  # hists.index: every histogram's job, ascending
+            low, high = hists.extra[at, 3], hists.extra[at, 4]  # the binned values' own min and max
+            found.append((chosen, wanted, histogram_quantile_rows(counts[rows], edges[rows], wanted, low, high)))
     if not found:
         return (), np.zeros(0)
     if len(found) == 1:  # the usual step: one set of levels, rows in job order already
