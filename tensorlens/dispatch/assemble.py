@@ -18,6 +18,7 @@ import numpy as np
 from tensorlens.compute.host_statistics import HistogramBlock, HostStatistics, JobMeta
 from tensorlens.modes import ModeKeys
 from tensorlens.records import HISTOGRAM_INFO, ScalarEntry, StepRecord, TensorEntry
+from tensorlens.stats.derived import drop_undefined
 from tensorlens.stats.edges import exact_edges
 from tensorlens.stats.moments import COL, finalize_rows
 from tensorlens.stats.registry import STATISTICS
@@ -50,7 +51,9 @@ def _pack(host: HostStatistics) -> _PackedPart:
     if quantile_names:
         names, values = names + quantile_names, np.concatenate([values, quantile_values])
     if host.derived_names:
-        names, values = names + host.derived_names, np.concatenate([values, host.derived_values])
+        # undefined derived statistics (0/0) are left out and counted, not recorded as NaN
+        derived_names, derived_values = drop_undefined(host.derived_names, np.asarray(host.derived_values, dtype=np.float64))
+        names, values = names + derived_names, np.concatenate([values, derived_values])
     return _PackedPart(names, values, histogram_names, hists.counts, hists.edges, info)
 
 

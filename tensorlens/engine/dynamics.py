@@ -42,7 +42,7 @@ from tensorlens.stats import derived
 from tensorlens.stats.derived import PARAMETER_PARTIALS, PARAMETER_STATISTICS, PARTIAL
 
 #: The record name of the whole-model statistics.
-GLOBAL = "dynamics/global"
+GLOBAL = derived.GLOBAL_RECORD
 #: What the recorded names of module dynamics are built from (``activations/<module>/...``).
 UNIT_RATES = "unit_active_rate"
 SAMPLE_NORM = "sample_norm"
@@ -443,7 +443,7 @@ class Dynamics:
                 jobs.append(job)
             if flags[1] == "1":
                 names.append((f"activations/{name}", "saturation_fraction"))
-                values.append(vector[size - 2] / vector[size - 1])
+                values.append(derived.fraction(vector[size - 2], vector[size - 1]))
         scalars = DerivedScalars(tuple(names), torch.stack(values).to(torch.float64)) if names else None
         return jobs, scalars
 

@@ -19,6 +19,7 @@ Device functions take and return tensors without a host sync; numpy references f
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -55,6 +56,18 @@ GLOBAL_STATISTICS = (
 )
 #: Statistics of a module output recorded next to its own (``activations/<module>``).
 UNIT_STATISTICS = ("dead_fraction", "active_rate_mean", "saturation_fraction")
+
+#: A derived statistic that is undefined (``0/0``: the ratio of a zero update to a zero weight,
+#: the cosine of a zero vector, a fraction of nothing) is held as this value on the device and
+#: left out of the step's record on the host (:func:`drop_undefined`), counted in
+#: ``dynamics/global`` / :data:`UNDEFINED_COUNT`. None of :data:`UNDEFINABLE` can be -Inf
+#: otherwise (norms, ratios of norms and fractions are >= 0 or NaN/+Inf; cosines are clipped to
+#: [-1, 1]), so the marker is unambiguous and costs no second copy: NaN and Inf keep meaning
+#: that a value really is not finite.
+UNDEFINED = -math.inf
+UNDEFINABLE = frozenset({"update_ratio", "grad_to_weight", "grad_cosine", "update_cosine", *UNIT_STATISTICS})
+UNDEFINED_COUNT = "undefined_count"
+GLOBAL_RECORD = "dynamics/global"
 
 #: Tensors up to this many values are batched into one buffer (per-tensor ops cost more than
 #: their arithmetic there); larger ones are reduced one by one.
@@ -123,16 +136,58 @@ def nonfinite_counts(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
-    """``numerator / denominator`` with IEEE semantics: ``0/0`` is NaN (a frozen, all-zero
-    parameter: undefined, recorded as NaN and counted), ``x/0`` is Inf."""
-    return numerator / denominator
+    """``numerator / denominator`` of two norms: ``0/0`` (a zero update or gradient of a zero
+    parameter: no limit exists) is :data:`UNDEFINED`; ``x/0`` for ``x > 0`` is +Inf (the limit
+    as the weight shrinks to 0); NaN or Inf in either stays NaN or Inf, as IEEE gives it."""
+    value = numerator / denominator
+    return torch.where((numerator == 0) & (denominator == 0), torch.full_like(value, UNDEFINED), value)
 
 
 def cosine(dot: torch.Tensor, a_sq: torch.Tensor, b_sq: torch.Tensor) -> torch.Tensor:
     """``dot / (||a|| ||b||)`` from a dot product and two squared norms, clipped to [-1, 1]
-    (rounding can overshoot); NaN when either vector is zero."""
+    (rounding can overshoot). The cosine of a zero vector has no limit: :data:`UNDEFINED` when
+    either vector is zero and nothing is NaN; NaN when a vector holds NaN or Inf."""
     value = dot / (torch.sqrt(a_sq) * torch.sqrt(b_sq))
-    return torch.where(torch.isnan(value), value, value.clamp(-1.0, 1.0))
+    value = torch.where(torch.isnan(value), value, value.clamp(-1.0, 1.0))
+    zero = ((a_sq == 0) | (b_sq == 0)) & ~torch.isnan(dot) & ~torch.isnan(a_sq) & ~torch.isnan(b_sq)
+    return torch.where(zero, torch.full_like(value, UNDEFINED), value)
+
+
+def fraction(part: torch.Tensor, whole: torch.Tensor | float) -> torch.Tensor:
+    """``part / whole`` of two counts, float64: :data:`UNDEFINED` for a fraction of nothing
+    (``whole == 0``). No host copy either way (a number ``whole`` is decided on the host)."""
+    part = part.to(torch.float64)
+    if not isinstance(whole, torch.Tensor):
+        return part / whole if whole else torch.full_like(part, UNDEFINED)
+    whole = whole.to(torch.float64)
+    value = part / torch.where(whole == 0, torch.ones_like(whole), whole)
+    return torch.where(whole == 0, torch.full_like(value, UNDEFINED), value)
+
+
+@functools.lru_cache(maxsize=16)  # a step's derived names are almost always the previous step's
+def _undefinable(names: tuple[tuple[str, str], ...]) -> tuple[np.ndarray, bool]:
+    return np.array([stat in UNDEFINABLE for _, stat in names], dtype=bool), any(t == GLOBAL_RECORD for t, _ in names)
+
+
+def drop_undefined(names: tuple[tuple[str, str], ...], values: np.ndarray) -> tuple[tuple[tuple[str, str], ...], np.ndarray]:
+    """A step's derived scalars on the host without the :data:`UNDEFINED` ones, and
+    ``(dynamics/global, undefined_count)``: how many were left out, so nothing is hidden
+    silently. The count is there whenever ``dynamics/global`` is (0 when nothing was
+    undefined), and on a step with module statistics only when one of them was.
+
+    >>> drop_undefined((("dynamics/w", "update_ratio"), ("dynamics/w", "update_l2")), np.array([-np.inf, 0.0]))
+    ((('dynamics/w', 'update_l2'), ('dynamics/global', 'undefined_count')), array([0., 1.]))
+    """
+    undefinable, has_global = _undefinable(names)
+    undefined = undefinable & (values == UNDEFINED)
+    count = int(undefined.sum())
+    if count:
+        keep = ~undefined
+        names = tuple(name for name, kept in zip(names, keep.tolist(), strict=True) if kept)
+        values = values[keep]
+    if not count and not has_global:
+        return names, values
+    return names + ((GLOBAL_RECORD, UNDEFINED_COUNT),), np.append(values, float(count))
 
 
 def parameter_dynamics(partials: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -227,8 +282,20 @@ def unit_statistics(counts: torch.Tensor, positions: torch.Tensor | float) -> tu
     rate. ``positions`` may be a tensor (summed across ranks) or a number.
     """
     counts = counts.to(torch.float64)
-    rates = counts / positions
-    return rates, (counts == 0).to(torch.float64).mean(), rates.mean()
+    rates = counts / positions  # 0/0 without any position: a NaN vector (reduced as any tensor)
+    if counts.numel() == 0:  # no unit at all: both fractions are of nothing
+        nothing = torch.full((), UNDEFINED, dtype=torch.float64, device=counts.device)
+        return rates, nothing, nothing
+    # without any position (an empty batch) no unit was seen: neither dead nor active
+    dead = (counts == 0).sum().to(torch.float64) / counts.numel()
+    active = rates.mean()
+    if isinstance(positions, torch.Tensor):
+        unseen = positions == 0
+        dead = torch.where(unseen, torch.full_like(dead, UNDEFINED), dead)
+        active = torch.where(unseen, torch.full_like(active, UNDEFINED), active)
+    elif not positions:
+        dead, active = torch.full_like(dead, UNDEFINED), torch.full_like(active, UNDEFINED)
+    return rates, dead, active
 
 
 def saturated_count(output: torch.Tensor, low: float, high: float, threshold: float) -> torch.Tensor:

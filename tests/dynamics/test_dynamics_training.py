@@ -241,7 +241,7 @@ def test_unsaved_steps_keep_no_copies(tmp_path: Any) -> None:
     hook.close()
 
 
-def test_frozen_zero_parameter_gives_a_counted_nan_ratio(tmp_path: Any) -> None:
+def test_frozen_zero_parameter_gives_counted_undefined_ratios_not_nan(tmp_path: Any) -> None:
     model = Net()
     with torch.no_grad():
         model.fc3.bias.zero_()
@@ -256,12 +256,14 @@ def test_frozen_zero_parameter_gives_a_counted_nan_ratio(tmp_path: Any) -> None:
     hook.close()
     s = mem.records[-1].scalar_dict()
     assert s["dynamics/fc3.bias/update_l2"] == 0.0
-    assert math.isnan(s["dynamics/fc3.bias/update_ratio"])
-    assert math.isnan(s["dynamics/fc3.bias/update_cosine"])  # two zero updates: undefined too
-    assert s["dynamics/fc3.bias/nan_count"] == 2.0  # counted, not hidden
-    assert "dynamics/fc3.bias/grad_to_weight" not in s and "dynamics/fc3.bias/grad_cosine" not in s
-    assert s["dynamics/global/nan_count"] == 2.0
+    # 0/0 (zero update of a zero weight; the cosine of two zero updates): left out, not NaN
+    assert "dynamics/fc3.bias/update_ratio" not in s and "dynamics/fc3.bias/update_cosine" not in s
+    assert s["dynamics/global/undefined_count"] == 2.0  # counted, not hidden
+    assert s["dynamics/fc3.bias/nan_count"] == 0.0
+    assert "dynamics/fc3.bias/grad_to_weight" not in s and "dynamics/fc3.bias/grad_cosine" not in s  # no gradient
+    assert s["dynamics/global/nan_count"] == 0.0
     assert s["dynamics/fc1.weight/nan_count"] == 0.0
+    assert mem.records[0].scalar_dict()["dynamics/global/undefined_count"] == 1.0  # no cosine at the first step
 
 
 def test_nonfinite_gradients_are_counted_and_grad_norm_is_nan_like_clip_grad_norm(tmp_path: Any) -> None:

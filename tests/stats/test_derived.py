@@ -45,11 +45,62 @@ def test_dot_products_of_mixed_dtypes_and_nonfinite_values() -> None:
     assert derived.dot_products([], []).numel() == 0
 
 
-def test_cosine_is_nan_for_zero_vectors_and_stays_in_range() -> None:
+def test_cosine_of_a_zero_vector_is_undefined_and_stays_in_range() -> None:
     value = derived.cosine(torch.tensor([0.0, 2.0, -4.0 - 1e-12]), torch.tensor([0.0, 4.0, 4.0]), torch.tensor([1.0, 1.0, 4.0]))
-    assert math.isnan(value[0]) and value[1] == 1.0 and value[2] == -1.0
-    assert math.isnan(derived.ratio(torch.tensor(0.0), torch.tensor(0.0)))  # 0/0: undefined, recorded as NaN
-    assert derived.ratio(torch.tensor(1.0), torch.tensor(0.0)) == math.inf
+    assert value[0] == derived.UNDEFINED and value[1] == 1.0 and value[2] == -1.0  # no limit: undefined, not NaN
+    both = derived.cosine(torch.tensor([0.0]), torch.tensor([0.0]), torch.tensor([0.0]))
+    assert both[0] == derived.UNDEFINED
+
+
+def test_a_cosine_of_nonfinite_vectors_stays_nan() -> None:
+    # numpy's value for each: a NaN (or Inf) in a vector makes its dot product and norm NaN or Inf
+    g = np.array([[np.nan, 1.0], [0.0, 0.0], [np.inf, 1.0]])
+    h = np.array([[1.0, 1.0], [np.nan, 2.0], [1.0, 2.0]])
+    with np.errstate(invalid="ignore"):
+        want = (g * h).sum(1) / (np.sqrt((g * g).sum(1)) * np.sqrt((h * h).sum(1)))
+    dot, a_sq, b_sq = (torch.tensor(x) for x in ((g * h).sum(1), (g * g).sum(1), (h * h).sum(1)))
+    got = derived.cosine(dot, a_sq, b_sq).numpy()
+    assert np.isnan(want).all() and np.isnan(got).all()  # a zero vector beside a NaN one: NaN, not undefined
+
+
+def test_ratio_is_undefined_only_for_zero_over_zero() -> None:
+    num = torch.tensor([0.0, 1.0, 0.0, math.nan, math.inf, 3.0, math.nan])
+    den = torch.tensor([0.0, 0.0, 2.0, 0.0, 0.0, math.inf, 1.0])
+    got = derived.ratio(num, den).numpy()
+    with np.errstate(all="ignore"):
+        want = num.numpy() / den.numpy()  # IEEE, numpy's
+    want[0] = derived.UNDEFINED  # 0/0: no limit
+    np.testing.assert_array_equal(got, want)  # x/0 = +Inf (its limit), NaN and Inf kept
+    assert got[1] == math.inf and math.isnan(got[3]) and got[4] == math.inf and got[5] == 0.0
+
+
+def test_fraction_of_nothing_is_undefined() -> None:
+    assert derived.fraction(torch.tensor(0.0), 0).item() == derived.UNDEFINED
+    assert derived.fraction(torch.tensor(3.0), torch.tensor(4.0, dtype=torch.float64)).item() == 0.75
+    rates, dead, active = derived.unit_statistics(torch.zeros(4), torch.tensor(0.0))  # an empty batch
+    assert dead.item() == derived.UNDEFINED and active.item() == derived.UNDEFINED
+    rates, dead, active = derived.unit_statistics(torch.zeros(0), 5)  # no unit
+    assert dead.item() == derived.UNDEFINED and active.item() == derived.UNDEFINED
+    rates, dead, active = derived.unit_statistics(torch.tensor([0.0, 2.0, 4.0, 0.0]), 4)  # numpy: [0, .5, 1, 0]
+    assert dead.item() == 0.5 and active.item() == float(np.mean([0.0, 0.5, 1.0, 0.0]))
+
+
+def test_drop_undefined_leaves_out_and_counts_only_the_marked_statistics() -> None:
+    names = (("dynamics/w", "update_ratio"), ("dynamics/w", "update_l2"), ("dynamics/w", "grad_cosine"),
+             ("dynamics/w", "nan_count"), ("activations/r", "dead_fraction"), ("dynamics/b", "update_ratio"))
+    values = np.array([-np.inf, 0.0, np.nan, -np.inf, -np.inf, np.inf])
+    kept, kept_values = derived.drop_undefined(names, values)
+    # nan_count is not undefinable: its -Inf would be kept (it cannot be -Inf, but the marker is per statistic)
+    assert kept == (("dynamics/w", "update_l2"), ("dynamics/w", "grad_cosine"), ("dynamics/w", "nan_count"),
+                    ("dynamics/b", "update_ratio"), ("dynamics/global", "undefined_count"))
+    np.testing.assert_array_equal(kept_values, [0.0, np.nan, -np.inf, np.inf, 2.0])
+    # with dynamics/global the count is always there (0: nothing undefined) ...
+    none, none_values = derived.drop_undefined((("dynamics/global", "grad_norm"),), np.array([1.0]))
+    assert none == (("dynamics/global", "grad_norm"), ("dynamics/global", "undefined_count")) and none_values.tolist() == [1.0, 0.0]
+    # ... module statistics alone (an eval step) get it only when one was undefined
+    units = (("activations/r", "dead_fraction"), ("activations/r", "active_rate_mean"))
+    assert derived.drop_undefined(units, np.array([0.5, 0.25]))[0] == units
+    assert derived.drop_undefined(units, np.array([-np.inf, -np.inf]))[0] == (("dynamics/global", "undefined_count"),)
 
 
 def _reference_dynamics(g, p, d, g_prev, d_prev, p0) -> dict[str, float]:
@@ -107,11 +158,20 @@ def test_parameter_and_global_dynamics_from_partial_sums() -> None:
     assert set(derived.global_dynamics(partials, {"weight_norm": every})) == {"weight_norm"}
 
 
-def test_a_frozen_zero_parameter_gives_nan_ratios() -> None:
-    partials = torch.zeros((1, len(PARAMETER_PARTIALS)), dtype=torch.float64)
+def test_a_dead_zero_parameter_gives_undefined_ratios_and_cosines_not_nan() -> None:
+    partials = torch.zeros((1, len(PARAMETER_PARTIALS)), dtype=torch.float64)  # zero weight, gradient, update
     values = derived.parameter_dynamics(partials)
-    assert values["update_l2"][0] == 0.0
-    assert math.isnan(values["update_ratio"][0]) and math.isnan(values["grad_to_weight"][0])
+    assert values["update_l2"][0] == 0.0 and values["distance_from_init"][0] == 0.0
+    for stat in ("update_ratio", "grad_to_weight", "grad_cosine", "update_cosine"):
+        assert values[stat][0] == derived.UNDEFINED, stat
+    overall = derived.global_dynamics(partials, {s: [0] for s in ("grad_norm", "weight_norm", "grad_cosine", "update_cosine")})
+    assert overall["grad_cosine"] == derived.UNDEFINED and overall["update_cosine"] == derived.UNDEFINED
+    assert overall["grad_norm"] == 0.0 and overall["weight_norm"] == 0.0
+    # a NaN gradient of that zero parameter: grad_to_weight and the cosine are NaN (really not finite)
+    partials[0, PARTIAL["grad_sq"]] = math.nan
+    values = derived.parameter_dynamics(partials)
+    assert math.isnan(values["grad_to_weight"][0]) and math.isnan(values["grad_cosine"][0])
+    assert values["update_ratio"][0] == derived.UNDEFINED
 
 
 def _monitorch_rates(output: torch.Tensor, channel_last: bool, eps: float) -> np.ndarray:
@@ -201,3 +261,31 @@ def test_running_moments_against_numpy() -> None:
                 assert np.isnan(got)
             else:
                 assert got == pytest.approx(want, rel=1e-12, abs=1e-12)
+
+
+def test_undefined_values_are_marked_without_a_host_sync() -> None:
+    """The marker is set on the device: nothing read back, nothing built from Python data (the
+    calls tests/test_sync_free.py counts), for tensor inputs as the engine gives them."""
+    import importlib.util
+    import pathlib
+
+    spec = importlib.util.spec_from_file_location("sync_free", pathlib.Path(__file__).parents[1] / "test_sync_free.py")
+    sync_free = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sync_free)
+    partials = torch.zeros((3, len(PARAMETER_PARTIALS)), dtype=torch.float64)
+    partials[1] = 1.0
+    partials[2, PARTIAL["grad_sq"]] = math.nan
+    vector = torch.tensor([0.0, 3.0, 0.0, 4.0, 0.0, 0.0], dtype=torch.float64)  # counts, positions, saturated, values
+    with sync_free.SyncCounter() as counter:
+        values = derived.parameter_dynamics(partials)
+        cosine = derived.cosine(partials[:, PARTIAL["grad_dot_prev"]].sum(), partials[:, PARTIAL["grad_sq"]].sum(),
+                                partials[:, PARTIAL["prev_grad_sq"]].sum())
+        _, dead, active = derived.unit_statistics(vector[:3], vector[3])
+        empty = derived.unit_statistics(vector[:3], vector[4])
+        saturation = derived.fraction(vector[4], vector[5])
+    assert not counter.calls, counter.calls
+    assert values["grad_cosine"][0] == derived.UNDEFINED and math.isnan(values["grad_cosine"][2])
+    assert values["update_ratio"][1] == 1.0 and math.isnan(cosine)
+    assert dead.item() == 2 / 3 and active.item() == float(np.mean([0.0, 3.0, 0.0]) / 4)  # numpy
+    assert empty[1].item() == derived.UNDEFINED and empty[2].item() == derived.UNDEFINED
+    assert saturation.item() == derived.UNDEFINED
