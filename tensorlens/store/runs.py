@@ -103,15 +103,17 @@ def locate(
     rank: int = 0,
     own_store: bool = True,
     share: Callable[[str, str], tuple[str, str]] | None = None,
+    runs_dir: str | None = None,
 ) -> tuple[str, str, bool]:
     """``(run name, run folder, resumed)`` of a new recorder. Rank 0 (or the only process) claims
     the folder; ``share`` (a broadcast under ``torch.distributed``) gives every rank rank 0's, and a
     rank with a store of its own (``own_store``: ``include_workers="all"``) claims its file in it.
-    The name is the one given, else the active tracker run's, else the time and a random id."""
+    The name is the one given, else the active tracker run's, else the time and a random id; without
+    ``out_dir`` its folder is ``<runs_dir>/<name>`` (default ``./tensorlens_runs``)."""
     derived = run_name is None and out_dir is None
     name = run_name or tracker_run_name or default_run_name()
     wanted = os.path.abspath(os.fspath(out_dir)) if out_dir is not None else os.path.abspath(
-        os.path.join(DEFAULT_RUNS_DIR, folder_name(name))
+        os.path.join(DEFAULT_RUNS_DIR if runs_dir is None else runs_dir, folder_name(name))
     )
     run_dir, resumed = wanted, False
     if rank == 0:
