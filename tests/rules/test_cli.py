@@ -46,8 +46,11 @@ def test_compare(runs: tuple[str, str]) -> None:
     runner = click_testing.CliRunner()
     same = runner.invoke(compare_cli.command, [runs[0], runs[0], "--check"])
     assert same.exit_code == 0 and same.output.strip().endswith("no difference")
-    differ = runner.invoke(compare_cli.command, [runs[0], runs[1], "--check", "--limit", "3"])
+    differ = runner.invoke(compare_cli.command, [runs[0], runs[1], "--check", "--limit", "3", "--all"])
     assert differ.exit_code == 1 and "statistics differ" in differ.output and "... and" in differ.output
+    # the ranking first: three tensors, the second layer's (the first is frozen) from step 1
+    ranked = re.findall(r"^  (\d) +(\S+) +\S+ +(\d+) +", differ.output, re.M)
+    assert [r[0] for r in ranked] == ["1", "2", "3"] and all(r[2] == "1" for r in ranked), differ.output
     # the first layer is frozen: the second layer's statistics part first, at step 1 (step 0 reads the same weights)
     assert re.search(r"^  biases/2\.bias/\w+: step 1: a=\S+ b=\S+$", differ.output, re.M), differ.output
     assert "weights/0.weight" not in differ.output
@@ -115,8 +118,9 @@ def test_names_from_the_store_reach_the_terminal_escaped(tmp_path: Any, capsys: 
     code, out, _ = _main(["rules", a, "--rule", "NonFiniteGradient"], capsys)
     assert code == 0 and ESCAPED in out and "\x1b" not in out and "\x07" not in out and "\u202e" not in out
     assert len(out.splitlines()) == 2  # the rule's line and its finding's: the name's newline is escaped
-    code, out, _ = _main(["compare", a, b], capsys)
+    code, out, _ = _main(["compare", a, b, "--all"], capsys)
     assert code == 0 and f"{ESCAPED}/nan_count: step 0" in out and "weights/\\x1b[31mred" in out
+    assert re.search(rf"^  1 +{re.escape(ESCAPED)} +nan_count +0 ", out, re.M), out  # the ranking's row
     assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out and "\nFAKE" not in out
 
 
