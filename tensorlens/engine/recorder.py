@@ -442,8 +442,10 @@ class Recorder:
         # dynamics join the updates' part: with them alone a saved step makes one host copy
         jobs, module_scalars = self._dynamics_steps.of_modules(saving, mode)
         derived = DerivedScalars.concat([module_scalars, self._dynamics_steps.after_update(saving)])
+        # a value given between prepare_step and step (a callback's loss, clipped gradients) is the closing step's
+        given = mode in self._pending.modes_with_values()
         # "reduce": on a saved step every rank computes, whatever it holds, so collectives match
-        if self._update_snapshot or self._pending.has_explicit(mode) or (self._output.reducer is not None and saving) or derived is not None or jobs:
+        if self._update_snapshot or given or (self._output.reducer is not None and saving) or derived is not None or jobs:
             jobs += gather.update_jobs(self.schedule, self._update_snapshot, saving)
             self._update_snapshot = []
             # save_tensor between prepare_step and step belongs to the step being closed
