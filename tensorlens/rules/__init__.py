@@ -1,5 +1,16 @@
 """Rules that watch a run online and offline (SageMaker Debugger's built-in rules and exceptions).
 
+A run's health by the default rules (what ``tensorlens rules RUN`` prints and the report shows):
+
+>>> health = R.evaluate("tensorlens_runs/exp1")   # the default rules for what the run recorded  # doctest: +SKIP
+>>> health.findings                               # kind "health": what fired, in order           # doctest: +SKIP
+>>> health.not_evaluated                          # kind "not_evaluated": one per rule with nothing to read  # doctest: +SKIP
+>>> R.default_rules("tensorlens_runs/exp1")       # which rules those are (see :mod:`.defaults`)  # doctest: +SKIP
+
+``R.evaluate(run, rules=None, start_step=0, end_step=None)`` returns an :class:`Evaluation`
+(``rules``, ``findings``, ``not_evaluated``, ``healthy``, ``by_rule()``); it never raises for a
+finding. The rest:
+
 >>> from tensorlens import rules as R
 >>> hook = tl.watch(model, rules=[R.VanishingGradient(), R.ExplodingTensor(action="stop")])   # doctest: +SKIP
 >>> R.invoke(tl.open_run("tensorlens_runs/exp1"), R.DeadRelu())                            # doctest: +SKIP
@@ -8,8 +19,9 @@
 
 Modules: :mod:`.base` (the Rule class), the built-ins by what they read (:mod:`.tensors`,
 :mod:`.gradients`, :mod:`.activations`, :mod:`.losses`, :mod:`.classification`; :mod:`.builtin`
-names them all), :mod:`.online` (the runner beside training), :mod:`.offline` (``invoke``),
-:mod:`.exceptions`, and :mod:`.bounds` (what statistics prove).
+names them all, :mod:`.defaults` picks the default set), :mod:`.online` (the runner beside
+training), :mod:`.offline` (``invoke``, ``evaluate``), :mod:`.exceptions`, and :mod:`.bounds`
+(what statistics prove).
 
 Run comparison and the Trial API live in :mod:`tensorlens.analysis` (they read stored runs; they
 are not rules). Their names stay reachable here (``R.compare_runs``, ``R.create_trial``, ...) as
@@ -21,11 +33,12 @@ from __future__ import annotations
 
 import importlib
 
-from tensorlens.findings import Finding
+from tensorlens.findings import HEALTH, NOT_EVALUATED, Finding
 from tensorlens.rules.activations import DeadRelu, PoorWeightInitialization, SaturatedActivation
 from tensorlens.rules.base import Rule
-from tensorlens.rules.builtin import BUILTIN_RULES, DEFAULT_RULES, create_rule
+from tensorlens.rules.builtin import BUILTIN_RULES, DEFAULT_RULES, DEFAULT_RULES_WHEN, create_rule
 from tensorlens.rules.classification import ClassImbalance, Confusion
+from tensorlens.rules.defaults import default_rules
 from tensorlens.rules.exceptions import (
     NoMoreData,
     RuleEvaluationConditionMet,
@@ -42,8 +55,8 @@ from tensorlens.rules.gradients import (
     VanishingGradient,
     WeightUpdateRatio,
 )
-from tensorlens.rules.losses import LossNotDecreasing, Overfit, Overtraining, StalledTraining
-from tensorlens.rules.offline import invoke, invoke_rule, rules_command
+from tensorlens.rules.losses import LossNotDecreasing, LossSpike, Overfit, Overtraining, StalledTraining
+from tensorlens.rules.offline import Evaluation, evaluate, invoke, invoke_rule, rules_command
 from tensorlens.rules.online import RuleRunner
 from tensorlens.rules.params import modules_regex
 from tensorlens.rules.tensors import AllZero, ExplodingTensor, SimilarAcrossRuns, TensorVariance, UnchangedTensor
@@ -52,13 +65,13 @@ from tensorlens.rules.tensors import AllZero, ExplodingTensor, SimilarAcrossRuns
 StalledTrainingRule = StalledTraining
 
 __all__ = [
-    "BUILTIN_RULES", "DEFAULT_RULES", "AllZero", "ClassImbalance", "Comparison", "Confusion", "DeadRelu", "Divergence",
-    "ExplodingTensor", "Finding", "GradientNormSpike", "LossNotDecreasing", "NoMoreData", "NonFiniteGradient", "Overfit",
+    "BUILTIN_RULES", "DEFAULT_RULES", "DEFAULT_RULES_WHEN", "HEALTH", "NOT_EVALUATED", "AllZero", "ClassImbalance", "Comparison", "Confusion", "DeadRelu", "Divergence",
+    "Evaluation", "ExplodingTensor", "Finding", "GradientNormSpike", "LossNotDecreasing", "LossSpike", "NoMoreData", "NonFiniteGradient", "Overfit",
     "Overtraining", "PoorWeightInitialization", "Rule", "RuleEvaluationConditionMet", "RuleRunner", "RuleWarning",
     "SaturatedActivation", "SimilarAcrossRuns", "StalledTraining", "StalledTrainingRule", "StepNotYetAvailable",
     "StepState", "StepUnavailable", "TensorUnavailable", "TensorUnavailableForStep", "TensorVariance", "Trial",
     "TrialTensor", "UnchangedTensor", "UpdateRatioOutOfRange", "VanishingGradient", "WeightUpdateRatio",
-    "compare_records", "compare_runs", "create_rule", "create_trial", "invoke", "invoke_rule", "modules_regex",
+    "compare_records", "compare_runs", "create_rule", "create_trial", "default_rules", "evaluate", "invoke", "invoke_rule", "modules_regex",
     "rules_command",
 ]
 

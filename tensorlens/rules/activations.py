@@ -42,6 +42,9 @@ class DeadRelu(Rule):
     defaults the rule fires from ``zero_fraction`` > 0.995.
     """
 
+    needs = ("no activation statistic was recorded (tl.watch(model, activations=True), or the 'activations' "
+             "collection; dynamics=True adds dead_fraction)")
+
     def __init__(self, tensor_regex: Any = None, threshold_inactivity: Any = 1.0, threshold_layer: Any = 50.0,
                  **kwargs: Any) -> None:
         self.tensor_regex = tensor_regex
@@ -71,6 +74,7 @@ class DeadRelu(Rule):
             if found is None:
                 continue
             usable = True
+            self.mark_evaluated()
             share, source = found
             if share * 100.0 > self.threshold_layer:
                 out.append(self.finding(record, tensor, f"at least {share:.1%} of units active in < {self.threshold_inactivity:g}% "

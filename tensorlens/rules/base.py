@@ -18,6 +18,12 @@ tensor), ``"raise"`` (:class:`~tensorlens.rules.exceptions.RuleEvaluationConditi
 training thread at the next step boundary), ``"stop"`` (``hook.should_stop`` becomes True), or a
 callable taking the :class:`~tensorlens.findings.Finding`. Offline, actions are not taken:
 ``invoke`` returns the findings (and raises with ``raise_eval_cond=True``).
+
+A rule that had nothing to read in a whole run (no loss was recorded, so LossNotDecreasing
+learnt nothing) says so once instead of passing for healthy: a rule that sets :attr:`Rule.needs`
+(what it reads and how to record it) and calls :meth:`Rule.mark_evaluated` when it found its
+input gets a :data:`~tensorlens.findings.NOT_EVALUATED` finding from :meth:`Rule.not_evaluated`
+at the end otherwise. The online runner and :func:`~tensorlens.rules.offline.evaluate` ask for it.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
-from tensorlens.findings import Finding
+from tensorlens.findings import NOT_EVALUATED, Finding
 from tensorlens.records import StepRecord
 from tensorlens.rules.params import to_action
 
@@ -50,6 +56,9 @@ class Rule:
 
     #: Seconds between two :meth:`check_idle` calls by the online runner; ``None``: never called.
     idle_poll: ClassVar[float | None] = None
+    #: What the rule reads, said when a run held none of it: ``"no loss was recorded (pass ...)"``.
+    #: ``None``: the rule never reports itself as not evaluated.
+    needs: ClassVar[str | None] = None
 
     def __init__(self, *, action: str | Callable[[Finding], Any] = "warn", name: str | None = None) -> None:
         self.action = to_action(action)
@@ -57,7 +66,7 @@ class Rule:
             raise ValueError(f"Expected `name` to be None or a non-empty string, but got {name!r}")
         self.name = name or type(self).__name__
         self._noted: set[str] = set()
-        self.reset()
+        self.restart()
 
     # ------------------------------------------------------------------ to override
 
@@ -67,6 +76,12 @@ class Rule:
 
     def reset(self) -> None:  # noqa: B027 - optional hook
         """Forget what earlier records taught the rule (called by the constructor and by ``invoke``)."""
+
+    def restart(self) -> None:
+        """:meth:`reset` and forget whether anything was read (what ``invoke`` calls before a run)."""
+        self._evaluated = False
+        self._last_seen: tuple[int, Any, int | None, str | None] | None = None  # step, mode, mode step, worker
+        self.reset()
 
     def finish(self) -> Iterable[Finding]:
         """The run has ended (or the offline range is read): report what only the end can tell."""
@@ -90,8 +105,26 @@ class Rule:
             self._noted.add(key)
             warnings.warn(f"tensorlens rule {self.name}: {message}", stacklevel=3)
 
+    def mark_evaluated(self) -> None:
+        """Say that the rule found what it reads (in :meth:`invoke_at_step`): it was evaluated."""
+        self._evaluated = True
+
+    @property
+    def evaluated(self) -> bool:
+        """Whether the rule has found what it reads since it was (re)started."""
+        return self._evaluated
+
+    def not_evaluated(self) -> Finding | None:
+        """The :data:`~tensorlens.findings.NOT_EVALUATED` finding of a rule with :attr:`needs` that
+        read nothing since it was (re)started, at the last step it saw; else ``None``."""
+        if self.needs is None or self._evaluated:
+            return None
+        step, mode, mode_step, worker = self._last_seen or (0, "train", None, None)
+        return Finding(self.name, step, mode, None, self.needs, None, mode_step, worker, kind=NOT_EVALUATED)
+
     def evaluate(self, record: StepRecord) -> list[Finding]:
         """Run :meth:`invoke_at_step` and return its findings as a list."""
+        self._last_seen = (record.step, record.mode, record.mode_step, record.worker)
         return self._findings(record, self.invoke_at_step(record))
 
     def _findings(self, record: StepRecord | None, result: Any) -> list[Finding]:

@@ -22,7 +22,7 @@ from tensorlens.rules.gradients import (
     VanishingGradient,
     WeightUpdateRatio,
 )
-from tensorlens.rules.losses import LossNotDecreasing, Overfit, Overtraining, StalledTraining
+from tensorlens.rules.losses import LossNotDecreasing, LossSpike, Overfit, Overtraining, StalledTraining
 from tensorlens.rules.tensors import AllZero, ExplodingTensor, SimilarAcrossRuns, TensorVariance, UnchangedTensor
 
 #: Every built-in rule class by name.
@@ -32,14 +32,24 @@ BUILTIN_RULES: dict[str, type[Rule]] = {
         VanishingGradient, ExplodingTensor, DeadRelu, SaturatedActivation, PoorWeightInitialization, WeightUpdateRatio,
         AllZero, TensorVariance, UnchangedTensor, LossNotDecreasing, Overfit, Overtraining, StalledTraining,
         SimilarAcrossRuns, ClassImbalance, Confusion, NonFiniteGradient, UpdateRatioOutOfRange, GradientNormSpike,
+        LossSpike,
     )
 }
 #: SageMaker's name for StalledTraining.
 BUILTIN_RULES["StalledTrainingRule"] = StalledTraining
 
-#: What ``tensorlens rules RUN`` checks when no ``--rule`` is given: the rules that read only
-#: statistics recorded by default and need no parameter.
-DEFAULT_RULES = ("ExplodingTensor", "NonFiniteGradient", "VanishingGradient", "GradientNormSpike", "LossNotDecreasing")
+#: The rules every run is checked with by default (``tensorlens rules RUN`` without ``--rule``,
+#: the report's health summary): they read statistics recorded by default and need no parameter.
+#: A run without what one reads gets a "not evaluated" note from it (see :mod:`.defaults`).
+DEFAULT_RULES = ("ExplodingTensor", "NonFiniteGradient", "VanishingGradient", "GradientNormSpike", "LossNotDecreasing",
+                 "LossSpike")
+#: Default rules added when a run recorded a kind of tensor (the first part of its names): they
+#: read what is recorded only on request, so a run without it has nothing to say about them.
+DEFAULT_RULES_WHEN: dict[str, tuple[str, ...]] = {
+    "activations": ("DeadRelu",),
+    "dynamics": ("UpdateRatioOutOfRange",),
+    "updates": ("UpdateRatioOutOfRange",),
+}
 
 
 def rule_parameters(cls: type[Rule]) -> list[str]:

@@ -26,6 +26,13 @@ _UPDATES_HINT = (
 )
 
 
+#: What the gradient rules say when a run recorded no gradient.
+NO_GRADIENT = ("no gradient was recorded (the 'gradients' collection, recorded by default: check collections= / "
+               "include_collections=, and that the optimizer stepped on a saved step)")
+#: What the update-ratio rules say when a run recorded no update size.
+NO_UPDATE = ("no update size was recorded (tl.watch(model, dynamics=True) records dynamics/<param> update_ratio; "
+             "or add the 'updates' collection)")
+
 _GRADIENTS_KIND, _GRADIENTS_PREFIX = ("kind", "gradients"), ("prefix", "gradients/")
 
 
@@ -71,6 +78,8 @@ class VanishingGradient(Rule):
     square is just above it).
     """
 
+    needs = NO_GRADIENT
+
     def __init__(self, threshold: Any = 0.0000001, tensor_regex: Any = None, **kwargs: Any) -> None:
         self.threshold = to_float("threshold", threshold, minimum=0.0)
         self.tensor_regex = tensor_regex
@@ -82,6 +91,7 @@ class VanishingGradient(Rule):
         chosen = _chosen_gradients(cols, self._selection)
         if not chosen.any():
             return []
+        self.mark_evaluated()
         numel = cols.column(record, "numel", fill=0.0)
         value, exact, known = bounds.abs_means(lambda name: (cols.column(record, name), cols.has(name)), numel)
         chosen &= numel != 0  # an empty gradient (or one of unknown size) has no mean
@@ -105,6 +115,8 @@ class NonFiniteGradient(Rule):
     already suspect, so ``action="raise"`` or ``"stop"`` suits it.
     """
 
+    needs = NO_GRADIENT
+
     def __init__(self, tensor_regex: Any = None, **kwargs: Any) -> None:
         self.tensor_regex = tensor_regex
         self._selection = Selection(None, tensor_regex)
@@ -115,6 +127,7 @@ class NonFiniteGradient(Rule):
         chosen = _chosen_gradients(cols, self._selection)
         if not chosen.any():
             return []
+        self.mark_evaluated()
         # counts are whole numbers: a fraction (a damaged store) is cut as int() cuts it
         nan, inf = np.trunc(cols.column(record, "nan_count", fill=0.0)), np.trunc(cols.column(record, "inf_count", fill=0.0))
         numel = cols.column(record, "numel", fill=0.0)
@@ -133,6 +146,8 @@ class GradientNormSpike(Rule):
     ``sqrt(sum of l2**2)`` over the ``gradients`` collection (what ``clip_grad_norm_`` computes
     for the recorded parameters). Non-finite norms are left to NonFiniteGradient.
     """
+
+    needs = NO_GRADIENT
 
     def __init__(self, factor: Any = 10.0, window: Any = 50, min_history: Any = 5, **kwargs: Any) -> None:
         self.factor = to_float("factor", factor, minimum=1.0)
@@ -162,6 +177,7 @@ class GradientNormSpike(Rule):
             if record.mode.value == "train":
                 self.note("grad_norm", "reads the l2 of gradients (the 'gradients' collection) or dynamics/global grad_norm")
             return []
+        self.mark_evaluated()
         if not math.isfinite(norm):
             return []
         history = self._norms.setdefault((record.worker, record.mode.value), collections.deque(maxlen=self.window))
@@ -178,8 +194,12 @@ class GradientNormSpike(Rule):
 class _UpdateRatioRule(Rule):
     """Shared by the two update-ratio rules: the ratio per parameter, or a note on what to enable."""
 
+    needs = NO_UPDATE
+
     def _ratios(self, record: StepRecord) -> dict[str, tuple[float, float, str]]:
         found = update_ratios(record)
+        if found:
+            self.mark_evaluated()
         if not found and record.mode.value == "train" and any(kind_of(t) == "weights" for t, _ in record.scalar_names):
             self.note("updates", f"reads the size of each optimizer update: {_UPDATES_HINT}")
         return found
@@ -218,6 +238,8 @@ class WeightUpdateRatio(_UpdateRatioRule):
     def invoke_at_step(self, record: StepRecord) -> list[Finding]:
         out = []
         raw = {t.tensor: t.value for t in record.tensors if kind_of(t.tensor) == "weights"}
+        if raw:
+            self.mark_evaluated()
         for tensor, value in raw.items():
             history = self._raw.setdefault((record.worker, tensor), [])
             history.append((record.step, np.asarray(value, dtype=np.float64)))

@@ -1,6 +1,6 @@
 """Built-in rules on the progress of training: LossNotDecreasing, Overfit, Overtraining and
 StalledTraining (SageMaker Debugger's names, parameters and defaults; SageMaker calls the last
-one ``StalledTrainingRule``).
+one ``StalledTrainingRule``), and LossSpike, which tensorlens adds.
 
 Losses are plain scalars: the ``losses`` collection (``criterion=`` / ``hook.register_loss``),
 or any plain scalar chosen with ``collection_names`` / ``tensor_regex`` (``hook.save_scalar``).
@@ -9,9 +9,13 @@ Steps are counted in mode steps (the optimizer step in train mode, the evaluatio
 
 from __future__ import annotations
 
+import collections
+import math
+import statistics
 import time
 from typing import Any
 
+from tensorlens._checks import expected
 from tensorlens.findings import Finding
 from tensorlens.modes import ModeKeys
 from tensorlens.records import StepRecord
@@ -19,14 +23,22 @@ from tensorlens.rules.base import Rule
 from tensorlens.rules.columns import columns
 from tensorlens.rules.params import Selection, to_bool, to_float, to_int
 
+#: What the loss rules say when a run recorded no loss.
+NO_LOSS = ("no loss was recorded (pass the loss function: tl.watch(model, loss_fn) or hook.register_loss(loss_fn); "
+           "the Lightning and Hugging Face callbacks record the loss their trainer reports)")
 
-def _losses(record: StepRecord, selection: Selection) -> list[tuple[str, float]]:
-    """The plain scalars of a record that ``selection`` picks (NaN left out), in record order."""
+#: Modes whose losses follow training progress: a loss over eval steps compares batches of one
+#: evaluation (the model does not change within it), so eval is read only when asked for.
+_PROGRESS_MODES = (ModeKeys.TRAIN, ModeKeys.GLOBAL)
+
+
+def _losses(record: StepRecord, selection: Selection, keep_nan: bool = False) -> list[tuple[str, float]]:
+    """The plain scalars of a record that ``selection`` picks (NaN left out unless ``keep_nan``), in record order."""
     cols = columns(record)
     rows, at = cols.positions("")
     picked = cols.mask(selection, selection.matches)[rows]
     values = record.scalar_values[at[picked]].tolist()
-    return [(cols.tensors[r], v) for r, v in zip(rows[picked].tolist(), values, strict=True) if v == v]
+    return [(cols.tensors[r], v) for r, v in zip(rows[picked].tolist(), values, strict=True) if keep_nan or v == v]
 
 
 def _loss_selection(collection_names: Any, tensor_regex: Any, use_losses_collection: bool = True) -> Selection:
@@ -37,16 +49,49 @@ def _loss_selection(collection_names: Any, tensor_regex: Any, use_losses_collect
     return Selection(None, None, default=lambda t: losses.matches(t) or (chosen.given and chosen.matches(t)))
 
 
-class LossNotDecreasing(Rule):
-    """Fires when the loss did not go down over ``num_steps`` steps.
+def _wanted(mode: ModeKeys | None, record: StepRecord) -> bool:
+    """Whether a rule of ``mode`` (``None``: the modes that follow training) reads ``record``."""
+    return record.mode == mode if mode is not None else record.mode in _PROGRESS_MODES
 
-    Every ``num_steps`` steps (at the first saved step at least ``num_steps`` after the last
-    check) the loss is compared with the loss at the newest saved step at least ``num_steps``
-    earlier. It fires when it decreased by less than ``diff_percent`` percent, or when it rose by
-    more than ``increase_threshold_percent`` percent; a rise up to that much is allowed (a noisy
-    loss), as SageMaker's parameter describes. ``mode``: only records of that mode; ``None``
-    checks each mode's loss on its own.
+
+class _Window:
+    """The losses of one window of ``num_steps`` mode steps: their sum, count and step span."""
+
+    __slots__ = ("index", "total", "count", "first", "last")
+
+    def __init__(self, index: int, step: int, loss: float) -> None:
+        self.index, self.total, self.count, self.first, self.last = index, loss, 1, step, step
+
+    def add(self, step: int, loss: float) -> None:
+        self.total += loss
+        self.count += 1
+        self.last = step
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.count
+
+    def describe(self) -> str:
+        steps = f"step {self.first}" if self.first == self.last else f"steps {self.first}-{self.last}"
+        return f"{self.mean:.6g} ({steps}, {self.count} value{'s' if self.count > 1 else ''})"
+
+
+class LossNotDecreasing(Rule):
+    """Fires when the mean loss of a window of ``num_steps`` steps did not go down enough from the
+    previous window's: by less than ``diff_percent`` percent, or it rose by more than
+    ``increase_threshold_percent`` percent (a smaller rise of a noisy loss is allowed).
+
+    Windows tile the mode steps: ``[0, num_steps)``, ``[num_steps, 2 num_steps)``, ...; each holds
+    the losses saved in it (a window without one is skipped). When a loss of a later window
+    arrives, the window before is complete and its mean is compared with the mean of the last
+    earlier window that holds a loss; the finding is made at that arriving record. A mean over a
+    window is steadier than the single loss SageMaker compares, and is that loss when a window
+    holds one save (``save_interval >= num_steps``). ``mode``: only records of that mode;
+    ``None``: train losses (global ones for records without a mode); eval losses only with
+    ``mode="eval"``, as a window of eval steps compares batches of one evaluation.
     """
+
+    needs = NO_LOSS
 
     def __init__(self, collection_names: Any = None, tensor_regex: Any = None, use_losses_collection: Any = True,
                  num_steps: Any = 10, diff_percent: Any = 0.1, increase_threshold_percent: Any = 5,
@@ -61,42 +106,115 @@ class LossNotDecreasing(Rule):
         super().__init__(**kwargs)
 
     def reset(self) -> None:
-        # (worker, mode, tensor) -> saved (mode step, loss) and the mode step of the last check
-        self._history: dict[tuple[str, str, str], list[tuple[int, float]]] = {}
-        self._checked: dict[tuple[str, str, str], int] = {}
+        # (worker, mode, tensor) -> the window being filled, and the last complete one
+        self._open: dict[tuple[str, str, str], _Window] = {}
+        self._done: dict[tuple[str, str, str], _Window] = {}
 
     def invoke_at_step(self, record: StepRecord) -> list[Finding]:
-        if self.mode is not None and record.mode != self.mode:
+        if not _wanted(self.mode, record):
             return []
         out = []
         for tensor, loss in _losses(record, self._selection):
+            self.mark_evaluated()
+            if not math.isfinite(loss):
+                continue  # an infinite loss is LossSpike's and ExplodingTensor's business, not a window's mean
             key = (record.worker, record.mode.value, tensor)
-            history = self._history.setdefault(key, [])
-            step = record.mode_step
-            if key not in self._checked:
-                self._checked[key] = step
-            elif step >= self._checked[key] + self.num_steps:
-                base = [(s, v) for s, v in history if s <= step - self.num_steps]
-                if base:
-                    found = self._compare(record, tensor, base[-1], loss)
+            index = record.mode_step // self.num_steps
+            window = self._open.get(key)
+            if window is not None and index == window.index:
+                window.add(record.mode_step, loss)
+                continue
+            if window is not None:  # the window before this loss is complete
+                before = self._done.get(key)
+                if before is not None:
+                    found = self._compare(record, tensor, before, window)
                     if found is not None:
                         out.append(found)
-                    self._checked[key] = step
-                    del history[: history.index(base[-1])]  # older steps can never be the base again
-            history.append((step, loss))
+                self._done[key] = window
+            self._open[key] = _Window(index, record.mode_step, loss)
         return out
 
-    def _compare(self, record: StepRecord, tensor: str, base: tuple[int, float], loss: float) -> Finding | None:
-        base_step, base_loss = base
-        if base_loss == 0:
-            return None if loss <= 0 else self.finding(record, tensor, f"loss rose from 0 at step {base_step} to {loss:.6g}", loss)
-        decrease = 100.0 * (base_loss - loss) / abs(base_loss)
-        span = f"from {base_loss:.6g} at step {base_step} to {loss:.6g}"
+    def _compare(self, record: StepRecord, tensor: str, before: _Window, now: _Window) -> Finding | None:
+        span = f"from {before.describe()} to {now.describe()}"
+        if before.mean == 0:
+            return None if now.mean <= 0 else self.finding(record, tensor, f"mean loss rose from 0: {span}", now.mean)
+        decrease = 100.0 * (before.mean - now.mean) / abs(before.mean)
         if 0.0 <= decrease < self.diff_percent:
-            return self.finding(record, tensor, f"loss decreased by only {decrease:.3g}% {span} (< diff_percent {self.diff_percent:g}%)", loss)
+            return self.finding(record, tensor, f"mean loss decreased by only {decrease:.3g}% {span} "
+                                                f"(< diff_percent {self.diff_percent:g}%)", now.mean)
         if -decrease > self.increase_threshold_percent:
-            return self.finding(record, tensor, f"loss increased by {-decrease:.3g}% {span} "
-                                                f"(> increase_threshold_percent {self.increase_threshold_percent:g}%)", loss)
+            return self.finding(record, tensor, f"mean loss increased by {-decrease:.3g}% {span} "
+                                                f"(> increase_threshold_percent {self.increase_threshold_percent:g}%)", now.mean)
+        return None
+
+
+class LossSpike(Rule):
+    """Fires when a loss jumps far above its own recent values, or stops being finite.
+
+    Per loss, the last ``window`` finite saved values are its trailing behaviour: their median
+    ``m`` and median absolute deviation ``MAD``. A loss ``x`` spikes when its robust z-score
+    ``(x - m) / (1.4826 MAD)`` exceeds ``threshold`` *and* ``x > factor * m``: the z-score alone
+    fires on a loss that barely moves (a MAD near 0), the ratio alone on a noisy one. Checked once
+    ``min_history`` values are known. A NaN or infinite loss fires at once (ExplodingTensor sees
+    it too; this finding marks the event, as ``tl.explain`` reads it). Once per spike: it fires
+    again only after a loss back below the bar. ``mode`` as in :class:`LossNotDecreasing`.
+
+    >>> R.LossSpike(window=50, threshold=8.0)   # doctest: +SKIP
+    """
+
+    needs = NO_LOSS
+
+    def __init__(self, collection_names: Any = None, tensor_regex: Any = None, use_losses_collection: Any = True,
+                 window: Any = 20, min_history: Any = 5, threshold: Any = 6.0, factor: Any = 2.0,
+                 mode: ModeKeys | str | None = None, **kwargs: Any) -> None:
+        self.collection_names, self.tensor_regex = collection_names, tensor_regex
+        self.use_losses_collection = to_bool("use_losses_collection", use_losses_collection)
+        self.window = to_int("window", window, minimum=2)
+        self.min_history = to_int("min_history", min_history, minimum=2)
+        if self.min_history > self.window:
+            raise expected("min_history", f"<= window ({self.window})", min_history)
+        self.threshold = to_float("threshold", threshold, minimum=0.0)
+        self.factor = to_float("factor", factor, minimum=1.0)
+        self.mode = None if mode is None else ModeKeys.coerce(mode)
+        self._selection = _loss_selection(collection_names, tensor_regex, self.use_losses_collection)
+        super().__init__(**kwargs)
+
+    def reset(self) -> None:
+        self._history: dict[tuple[str, str, str], collections.deque[float]] = {}
+        self._spiking: set[tuple[str, str, str]] = set()
+
+    def invoke_at_step(self, record: StepRecord) -> list[Finding]:
+        if not _wanted(self.mode, record):
+            return []
+        out = []
+        for tensor, loss in _losses(record, self._selection, keep_nan=True):
+            self.mark_evaluated()
+            key = (record.worker, record.mode.value, tensor)
+            history = self._history.setdefault(key, collections.deque(maxlen=self.window))
+            found = self._check(record, tensor, loss, history)
+            if found is None:
+                self._spiking.discard(key)
+            elif key not in self._spiking:
+                self._spiking.add(key)
+                out.append(found)
+            if math.isfinite(loss):
+                history.append(loss)
+        return out
+
+    def _check(self, record: StepRecord, tensor: str, loss: float, history: collections.deque[float]) -> Finding | None:
+        if not math.isfinite(loss):
+            before = f" (median {statistics.median(history):.4g} over the previous {len(history)} saved steps)" if history else ""
+            return self.finding(record, tensor, f"loss is {loss}{before}", loss)
+        if len(history) < self.min_history:
+            return None
+        median = statistics.median(history)
+        mad = statistics.median(abs(v - median) for v in history)
+        scale = 1.4826 * mad
+        z = (loss - median) / scale if scale > 0 else (math.inf if loss > median else 0.0)
+        if z > self.threshold and loss > self.factor * median:
+            return self.finding(record, tensor, f"loss {loss:.4g} is {z:.3g} robust standard deviations above the median "
+                                                f"{median:.4g} of the previous {len(history)} saved steps (> {self.threshold:g}, "
+                                                f"and > {self.factor:g} x the median)", loss)
         return None
 
 
@@ -169,6 +287,8 @@ class Overtraining(Rule):
     again only after the loss improved and stalled anew.
     """
 
+    needs = NO_LOSS
+
     def __init__(self, patience_train: Any = 5, patience_validation: Any = 10, delta: Any = 0.01, tensor_regex: Any = None,
                  **kwargs: Any) -> None:
         self.patience_train = to_int("patience_train", patience_train, minimum=1)
@@ -190,6 +310,7 @@ class Overtraining(Rule):
             return []
         out = []
         for tensor, loss in _losses(record, self._selection):
+            self.mark_evaluated()
             key = (record.worker, record.mode.value, tensor)
             best, since, fired = self._best.get(key, (None, 0, False))
             if best is None or best - loss > self.delta:

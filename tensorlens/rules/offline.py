@@ -1,13 +1,17 @@
 """Rules offline: run the same rule classes over a stored run, with SageMaker Debugger's
-``invoke_rule(rule, start_step, end_step, raise_eval_cond)`` semantics, and ``tensorlens rules RUN``.
+``invoke_rule(rule, start_step, end_step, raise_eval_cond)`` semantics; :func:`evaluate`, a
+run's health by the default rules (what ``tensorlens rules RUN`` and the report show).
 
 >>> run = tl.open_run("tensorlens_runs/exp1")                                        # doctest: +SKIP
 >>> R.invoke(run, R.DeadRelu(threshold_layer=50.0), start_step=0, end_step=None)    # doctest: +SKIP
 [Finding(rule='DeadRelu', step=40, ...)]
+>>> health = R.evaluate(run)               # the default rules for what the run recorded   # doctest: +SKIP
+>>> health.findings, health.not_evaluated                                             # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -19,6 +23,7 @@ from tensorlens.modes import ModeKeys
 from tensorlens.records import StepRecord
 from tensorlens.rules.base import Rule
 from tensorlens.rules.builtin import BUILTIN_RULES, DEFAULT_RULES, create_rule
+from tensorlens.rules.defaults import default_rules
 from tensorlens.rules.exceptions import RuleEvaluationConditionMet
 from tensorlens.store.reader import Run, open_run
 
@@ -69,33 +74,24 @@ def _follow(run: Run, start_step: int, end_step: int | None, wait: bool, timeout
             time.sleep(poll)
 
 
-def invoke(run: Run | str, rule: Rule | Sequence[Rule], start_step: int = 0, end_step: int | None = None,
-           raise_eval_cond: bool = False, *, wait: bool = False, timeout: float | None = None,
-           poll: float = 0.5, on_record: Callable[[StepRecord], object] | None = None) -> list[Finding]:
-    """Run ``rule`` (or several) over the stored records of ``run`` at global steps
-    ``start_step <= step < end_step`` and return the findings.
-
-    As SageMaker's ``invoke_rule``: the rule is invoked at those steps only, ``end_step`` is
-    exclusive, ``None`` reads to the end; ``raise_eval_cond=True`` raises
-    :class:`RuleEvaluationConditionMet` at the first finding, else findings are collected and
-    logged. Records before ``start_step`` are not read: a rule that looks back over its last
-    ``n`` steps (UnchangedTensor, LossNotDecreasing) fills its window from ``start_step`` on
-    (a SageMaker rule could query its trial for earlier steps; a tensorlens rule learns only from
-    the records it is handed, so start earlier to give it that history). Each rule is
-    :meth:`~Rule.reset` first, and its action is not taken: offline there is no training to warn,
-    stop or raise into.
-
-    ``wait=True`` follows a run that is still being written until it ends (``Run.ended``), like
-    SageMaker rules on a live trial; ``timeout`` bounds the wait (a crashed run never ends).
-    ``on_record`` is called after each record is checked (the CLI's progress bar).
-    """
+def _rules_list(rule: Rule | Sequence[Rule]) -> list[Rule]:
     rules = [rule] if isinstance(rule, Rule) else list(rule) if isinstance(rule, Sequence) else None
     if not rules or not all(isinstance(r, Rule) for r in rules):
         raise expected("rule", "a tensorlens rule or a list of them", rule)
+    return rules
+
+
+def _check_range(start_step: int, end_step: int | None) -> None:
     if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
         raise expected("start_step", "an integer >= 0", start_step)
     if end_step is not None and (isinstance(end_step, bool) or not isinstance(end_step, int) or end_step < start_step):
         raise expected("end_step", f"None or an integer >= start_step ({start_step})", end_step)
+
+
+def _run_rules(run: Run | str, rules: list[Rule], start_step: int, end_step: int | None, raise_eval_cond: bool,
+               wait: bool, timeout: float | None, poll: float,
+               on_record: Callable[[StepRecord], object] | None) -> tuple[list[Finding], list[Finding]]:
+    """``(findings, not-evaluated notes)`` of ``rules`` over the records of ``run`` (see :func:`invoke`)."""
     opened = not isinstance(run, Run)
     store = open_run(str(run)) if opened else run
     found: list[Finding] = []
@@ -109,7 +105,7 @@ def invoke(run: Run | str, rule: Rule | Sequence[Rule], start_step: int = 0, end
 
     try:
         for r in rules:
-            r.reset()
+            r.restart()
         for record in _follow(store, start_step, end_step, wait, timeout, poll):
             for r in rules:
                 report(r, r.evaluate(record))
@@ -120,7 +116,77 @@ def invoke(run: Run | str, rule: Rule | Sequence[Rule], start_step: int = 0, end
     finally:
         if opened:
             store.close()
-    return found
+    return found, [note for note in (r.not_evaluated() for r in rules) if note is not None]
+
+
+def invoke(run: Run | str, rule: Rule | Sequence[Rule], start_step: int = 0, end_step: int | None = None,
+           raise_eval_cond: bool = False, *, wait: bool = False, timeout: float | None = None,
+           poll: float = 0.5, on_record: Callable[[StepRecord], object] | None = None) -> list[Finding]:
+    """Run ``rule`` (or several) over the stored records of ``run`` at global steps
+    ``start_step <= step < end_step`` and return the findings.
+
+    As SageMaker's ``invoke_rule``: the rule is invoked at those steps only, ``end_step`` is
+    exclusive, ``None`` reads to the end; ``raise_eval_cond=True`` raises
+    :class:`RuleEvaluationConditionMet` at the first finding, else findings are collected and
+    logged. Records before ``start_step`` are not read: a rule that looks back over its last
+    ``n`` steps (UnchangedTensor, LossNotDecreasing) fills its window from ``start_step`` on
+    (a SageMaker rule could query its trial for earlier steps; a tensorlens rule learns only from
+    the records it is handed, so start earlier to give it that history). Each rule is
+    :meth:`~Rule.restart` first, and its action is not taken: offline there is no training to warn,
+    stop or raise into. Rules that had nothing to read are not among the findings: :func:`evaluate`
+    returns those notes too.
+
+    ``wait=True`` follows a run that is still being written until it ends (``Run.ended``), like
+    SageMaker rules on a live trial; ``timeout`` bounds the wait (a crashed run never ends).
+    ``on_record`` is called after each record is checked (the CLI's progress bar).
+    """
+    rules = _rules_list(rule)
+    _check_range(start_step, end_step)
+    return _run_rules(run, rules, start_step, end_step, raise_eval_cond, wait, timeout, poll, on_record)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    """What :func:`evaluate` found: the ``rules`` run, their health ``findings`` (kind
+    ``"health"``, in the order found) and one ``not_evaluated`` note per rule that had nothing to
+    read (kind ``"not_evaluated"``: its message says what to record). Only findings are problems."""
+
+    rules: list[Rule]
+    findings: list[Finding]
+    not_evaluated: list[Finding]
+
+    @property
+    def healthy(self) -> bool:
+        """No rule fired (rules that were not evaluated do not count)."""
+        return not self.findings
+
+    def by_rule(self) -> dict[str, list[Finding]]:
+        """Each rule's name -> its findings (empty for a rule that did not fire), in rule order."""
+        out: dict[str, list[Finding]] = {r.name: [] for r in self.rules}
+        for finding in self.findings:
+            out.setdefault(finding.rule, []).append(finding)
+        return out
+
+
+def evaluate(run: Run | str, rules: Rule | Sequence[Rule] | None = None, start_step: int = 0, end_step: int | None = None,
+             *, on_record: Callable[[StepRecord], object] | None = None) -> Evaluation:
+    """Check a stored run with ``rules`` (default: :func:`~tensorlens.rules.defaults.default_rules`
+    for what the run recorded) and return the findings and the rules that had nothing to read.
+
+    >>> health = evaluate("tensorlens_runs/exp1")                  # doctest: +SKIP
+    >>> [str(n) for n in health.not_evaluated]                     # doctest: +SKIP
+    ['[LossNotDecreasing] not evaluated: no loss was recorded (...)', ...]
+    """
+    _check_range(start_step, end_step)
+    opened = not isinstance(run, Run)
+    store = open_run(str(run)) if opened else run
+    try:
+        chosen = default_rules(store) if rules is None else _rules_list(rules)
+        found, notes = _run_rules(store, chosen, start_step, end_step, False, False, None, 0.5, on_record)
+    finally:
+        if opened:
+            store.close()
+    return Evaluation(chosen, found, notes)
 
 
 def parse_rule_spec(spec: str) -> Rule:
@@ -144,24 +210,33 @@ def rules_command(path: str | Run, rule_specs: Sequence[str] = (), start_step: i
                   echo: Callable[[str], object] = print, on_record: Callable[[StepRecord], object] | None = None) -> int:
     """``tensorlens rules RUN [--rule SPEC ...]``: run rules over a stored run and print the
     findings, one line at a time through ``echo`` (the CLI's escapes names read from the store).
-    Without ``--rule``: the rules that need nothing beyond the default statistics
-    (:data:`~tensorlens.rules.builtin.DEFAULT_RULES`). Returns the exit code: 0 when no rule
-    fired, 1 when one did.
+    Without ``--rule``: the default rules for what the run recorded
+    (:func:`~tensorlens.rules.defaults.default_rules`). Rules that had nothing to read say so.
+    Returns the exit code: 0 when no rule fired, 1 when one did.
     """
-    rules = command_rules(rule_specs)
-    return print_findings(rules, invoke(path, rules, start_step=start_step, end_step=end_step, on_record=on_record), echo)
+    rules = command_rules(rule_specs) if rule_specs else None
+    result = evaluate(path, rules, start_step=start_step, end_step=end_step, on_record=on_record)
+    return print_findings(result.rules, [*result.findings, *result.not_evaluated], echo)
 
 
-def command_rules(rule_specs: Sequence[str] = ()) -> list[Rule]:
-    """The rules of ``--rule`` specs, or the default rules when there are none."""
-    return [parse_rule_spec(spec) for spec in rule_specs] if rule_specs else [BUILTIN_RULES[n]() for n in DEFAULT_RULES]
+def command_rules(rule_specs: Sequence[str] = (), run: Run | str | None = None) -> list[Rule]:
+    """The rules of ``--rule`` specs; without any, the default rules for what ``run`` recorded
+    (without a run, those every run gets)."""
+    if rule_specs:
+        return [parse_rule_spec(spec) for spec in rule_specs]
+    return default_rules(run) if run is not None else [BUILTIN_RULES[n]() for n in DEFAULT_RULES]
 
 
 def print_findings(rules: Sequence[Rule], findings: Sequence[Finding], echo: Callable[[str], object] = print) -> int:
-    """Per rule: how many findings from which step, and the first finding of each tensor.
-    Returns 1 when a rule fired, else 0."""
+    """Per rule: how many findings from which step, and the first finding of each tensor; a rule
+    that had nothing to read says "not evaluated" and why. Returns 1 when a rule fired, else 0
+    (a rule that was not evaluated found no problem)."""
     for rule in rules:
-        mine = [f for f in findings if f.rule == rule.name]
+        notes = [f for f in findings if f.rule == rule.name and not f.evaluated]
+        mine = [f for f in findings if f.rule == rule.name and f.evaluated]
+        if notes and not mine:
+            echo(f"{rule.name}: not evaluated: {notes[0].message}")
+            continue
         if not mine:
             echo(f"{rule.name}: no finding")
             continue
@@ -172,7 +247,7 @@ def print_findings(rules: Sequence[Rule], findings: Sequence[Finding], echo: Cal
             if finding.tensor not in shown:
                 shown.add(finding.tensor)
                 echo(f"  {finding}")
-    return 1 if findings else 0
+    return 1 if any(f.evaluated for f in findings) else 0
 
 
 def invoke_rule(rule_obj: Rule, start_step: int = 0, end_step: int | None = None, raise_eval_cond: bool = False, *,

@@ -19,6 +19,7 @@ queue of actions that :meth:`RuleRunner.take_action` empties on the training thr
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import warnings
@@ -31,6 +32,8 @@ from tensorlens.findings import Finding
 from tensorlens.records import StepRecord
 from tensorlens.rules.base import Rule
 from tensorlens.rules.exceptions import RuleEvaluationConditionMet, RuleWarning
+
+logger = logging.getLogger("tensorlens.rules")
 
 
 class RuleRunner(Backend):
@@ -58,6 +61,7 @@ class RuleRunner(Backend):
         self._lock = threading.Lock()  # findings and pending actions, shared with the training thread
         self._rule_lock = threading.Lock()  # a rule is called by one thread at a time (records, idle checks)
         self._findings: list[Finding] = []
+        self._not_evaluated: list[Finding] = []
         self._pending: list[tuple[Finding, str | Callable[[Finding], Any]]] = []
         self._warned: set[tuple[str, str | None]] = set()
         self._failed: dict[str, int] = {}
@@ -87,6 +91,12 @@ class RuleRunner(Backend):
             self._idle_thread.join(5.0)
         for rule in self.rules:
             self._emit(rule, self._call(rule, "finish", lambda rule=rule: rule._findings(None, rule.finish())))
+        # a rule that read nothing says so once; a note, not a problem: kept here, not sent to trackers
+        notes = [note for note in (rule.not_evaluated() for rule in self.rules) if note is not None]
+        with self._lock:
+            self._not_evaluated = notes
+        for note in notes:
+            logger.info("%s", note)
 
     def _idle_loop(self, poll: float) -> None:
         while not self._idle_stop.wait(poll):
@@ -155,6 +165,13 @@ class RuleRunner(Backend):
         """Every finding so far, in the order found."""
         with self._lock:
             return list(self._findings)
+
+    def not_evaluated(self) -> list[Finding]:
+        """After ``close()``: one note per rule that had nothing to read in the run (kind
+        ``"not_evaluated"``, its message says what to record). Not findings: no action is taken,
+        and trackers do not get them."""
+        with self._lock:
+            return list(self._not_evaluated)
 
     def failures(self) -> dict[str, int]:
         """Errors per rule name (a rule that raised is skipped for that record and warned about once)."""

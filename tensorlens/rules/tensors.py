@@ -52,6 +52,8 @@ class ExplodingTensor(Rule):
     >>> R.ExplodingTensor(collection_names="gradients,losses", action="stop")   # doctest: +SKIP
     """
 
+    needs = "no tensor it selects was recorded"
+
     def __init__(self, collection_names: Any = None, tensor_regex: Any = None, only_nan: Any = False, **kwargs: Any) -> None:
         self.collection_names, self.tensor_regex = collection_names, tensor_regex
         self.only_nan = to_bool("only_nan", only_nan)
@@ -63,6 +65,7 @@ class ExplodingTensor(Rule):
         chosen = cols.mask(self._selection, self._selection.matches)
         if not chosen.any():
             return []
+        self.mark_evaluated()
         plain, value = cols.has(""), cols.column(record, "")  # a plain scalar: the value itself
         nan = np.where(plain, np.isnan(value), cols.column(record, "nan_count", fill=0.0))
         inf = np.zeros_like(nan) if self.only_nan else np.where(plain, np.isinf(value), cols.column(record, "inf_count", fill=0.0))

@@ -262,6 +262,8 @@ CASES = [
     Case("UpdateRatioOutOfRange", lambda: [R.UpdateRatioOutOfRange()], frozen_layer, lambda t: healthy(t, lr=0.005),
          fired_on("weights/0.weight"), WITH_UPDATES),
     Case("GradientNormSpike", lambda: [R.GradientNormSpike()], spike_batch, healthy, first_step(8)),
+    Case("LossSpike", lambda: [R.LossSpike()], spike_batch, healthy,
+         lambda found: [(f.step, f.tensor) for f in found] == [(8, "losses/mseloss")]),
 ]
 
 

@@ -86,7 +86,9 @@ def test_rules_list_needs_no_run(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = _main(["rules", "--list"], capsys)
     assert code == 0 and err == ""
     lines = out.splitlines()
-    assert "DeadRelu  parameters: tensor_regex, threshold_inactivity, threshold_layer, action, name" in lines
+    assert ("DeadRelu (default when activations are recorded)  parameters: tensor_regex, threshold_inactivity, "
+            "threshold_layer, action, name") in lines
+    assert "AllZero  parameters: collection_names, tensor_regex, threshold, action, name" in lines
     assert any(line.startswith("VanishingGradient (default)  parameters: threshold") for line in lines)
     code, out, err = _main(["rules"], capsys)
     assert code == 2 and "Missing argument 'RUN'" in err
