@@ -53,6 +53,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from tensorlens._checks import expected, names_list
+from tensorlens.backends.payload import check_tracker_stats
 from tensorlens.collection import DEFAULT_KINDS
 from tensorlens.config import DynamicsConfig, HistogramConfig, ReductionConfig, SaveConfig
 from tensorlens.dispatch.epochs import check_epoch_statistics
@@ -190,6 +191,7 @@ CHECKS: dict[str, Any] = {
     "backends": _check_backends,
     "record_clipped_gradients": _check_bool,
     "rules": _check_rules,
+    "tracker_stats": check_tracker_stats,
 }
 
 
@@ -217,9 +219,12 @@ class Options:
     scales: bool = False
     scales_plot_interval: int | None = 10
     record_clipped_gradients: bool = False
+    #: what each tracker receives: "default", "all" or statistic names (tensorlens.backends.payload);
+    #: None: $TENSORLENS_TRACKER_STATS, else "default". The local store keeps everything either way.
+    tracker_stats: str | Sequence[str] | None = None
 
     def __post_init__(self) -> None:
-        for field in ("include_collections", "include_regex", "epoch_statistics", "rules"):
+        for field in ("include_collections", "include_regex", "epoch_statistics", "rules", "tracker_stats"):
             if isinstance(getattr(self, field), Iterator):  # read once: by the check, then by the run
                 object.__setattr__(self, field, list(getattr(self, field)))
         for field, check in CHECKS.items():

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from tensorlens._checks import expected
+from tensorlens.backends.payload import Payload, PayloadSelector, resolve_tracker_stats
 from tensorlens.findings import Finding
 from tensorlens.records import StepRecord
 from tensorlens.store.runs import folder_name
@@ -46,6 +47,8 @@ class RunInfo:
     #: the watched module tree (:func:`tensorlens.capture.modules.describe_modules`), built when
     #: called; the local store keeps it for the explorer
     modules: Callable[[], list[dict[str, Any]]] | None = None
+    #: the run's ``tracker_stats`` option (:mod:`tensorlens.backends.payload`); ``None``: not given
+    tracker_stats: str | Sequence[str] | None = None
 
 
 @dataclasses.dataclass
@@ -175,6 +178,32 @@ class Backend:
         """Lines for the user: where the run went, what to do next (``wandb sync ...``); also
         called when there was nothing new to send (``replay.tracker`` is then ``None``)."""
         return []
+
+    # ------------------------------------------------------------------ payload
+
+    #: What this backend sends of each record (:mod:`tensorlens.backends.payload`): ``None`` takes
+    #: the run's ``tracker_stats`` option, then ``$TENSORLENS_TRACKER_STATS``, then ``"default"``.
+    #: A tracker backend takes it as a keyword (``WandbBackend(tracker_stats="all")``).
+    tracker_stats: str | Sequence[str] | None = None
+
+    def open_payload(self, run: RunInfo | None = None) -> PayloadSelector:
+        """Choose this backend's payload for ``run`` (call it from :meth:`open`); returns the
+        selector :meth:`payload` uses."""
+        selector = PayloadSelector(resolve_tracker_stats(self.tracker_stats, run.tracker_stats if run else None))
+        self._payload_selector = selector
+        return selector
+
+    def payload(self, record: StepRecord) -> Payload:
+        """What this backend sends of ``record``: the global values, the chosen statistics and
+        histograms, and the per-layer panels (see :mod:`tensorlens.backends.payload`).
+
+        >>> payload = self.payload(record)   # doctest: +SKIP
+        >>> payload.scalars, payload.globals, payload.histograms, payload.panels  # doctest: +SKIP
+        """
+        selector = self.__dict__.get("_payload_selector")
+        if selector is None:  # opened without open_payload (a backend driven by hand)
+            selector = self.open_payload(None)
+        return selector.select(record)
 
     # ------------------------------------------------------------------ recording
 

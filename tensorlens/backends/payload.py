@@ -1,0 +1,291 @@
+"""What a tracker receives of each record: the payload, chosen apart from what is stored.
+
+The local store keeps every statistic. A tracker (W&B, MLflow, TensorBoard, a user's backend)
+receives the payload named by ``tracker_stats``, so a run can be compared in its tracker without
+thousands of keys:
+
+- ``"default"``, for comparing runs:
+
+  - a histogram of every parameter tensor (``weights``, ``biases``, ``gradients``: what
+    ``wandb.watch`` users expect) and of every module output (``activations``), but not of an
+    activation's per-sample parts (``activations/fc1/sample_norm``);
+  - one **panel per collection and statistic holding every layer** (:class:`LayerPanel`): the
+    ``l2`` of each collection (``std`` for one without ``l2``; for ``activation_gradients`` and
+    ``input_gradients``, whose tensors are per-sample parts, the mean per-sample norm), the
+    ``dynamics`` update ratio, the ``activations`` dead fraction; a tracker draws each as one chart (layer profile, heatmap over
+    steps) instead of one series per tensor;
+  - no per-tensor series otherwise: no constant ``numel``, no all-zero NaN/Inf counts.
+
+- ``"all"``: every stored statistic and histogram (the payload before issue 24), plus the panels.
+- a list of statistic names (``["l2"]``, ``["l2", "histogram"]``): each tensor's series of those
+  statistics and, with ``"histogram"``, every histogram; nothing else per tensor, no panels.
+
+Whatever the choice, the run's global values always go: the ``dynamics/global`` statistics
+(``grad_norm``, ``weight_norm``, ``update_norm``, ``grad_nonfinite_count``, ...), plain values
+(losses, ``summarize_scalar``), every statistic of the ``losses``, ``summaries`` and ``scalars``
+collections, :data:`NONFINITE_COUNT` (NaN and Inf counted over every tensor of the record) and
+rule findings (sent by the backends themselves). A non-finite value is never hidden: it counts in
+:data:`NONFINITE_COUNT`, and from the first step a tensor holds one its ``nan_count`` and
+``inf_count`` are sent as its own series, every saved step after. Everything else depends on the
+configuration only, so two runs of one model send the same keys.
+
+Where the choice comes from, first found wins: the backend's own ``tracker_stats`` (e.g.
+``WandbBackend(tracker_stats="all")``), the run's option (``tl.watch(model, tracker_stats=...)``,
+``tl.Options``), the environment variable :data:`TRACKER_STATS_ENV` (the same values, a list
+written ``l2,histogram``), then ``"default"``.
+
+A backend asks for the payload of a record with :meth:`tensorlens.Backend.payload` (after calling
+:meth:`tensorlens.Backend.open_payload` from its ``open``), and names keys with
+:mod:`tensorlens.backends.keys`:
+
+>>> def write(self, record):                                      # doctest: +SKIP
+...     payload = self.payload(record)
+...     for key, value in payload.scalars:                        # record keys, e.g. "dynamics/global/grad_norm"
+...         send(tracker_key(self.prefix, record.mode, record.worker, key), value)
+...     for name, value in payload.globals:                       # e.g. "nonfinite_count"
+...         send(global_key(self.prefix, record.mode, record.worker, name), value)
+...     for hist in payload.histograms:                           # HistogramEntry
+...         send_histogram(histogram_key(self.prefix, record.mode, record.worker, hist.tensor), hist)
+...     for panel in payload.panels:                              # LayerPanel: one chart each
+...         send_panel(panel_key(self.prefix, record.mode, record.worker, panel.collection, panel.stat), panel)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from tensorlens._checks import expected
+from tensorlens.backends.keys import GLOBAL_TENSOR
+from tensorlens.records import HistogramEntry, StepRecord
+
+#: The environment variable that sets ``tracker_stats`` without code changes.
+TRACKER_STATS_ENV = "TENSORLENS_TRACKER_STATS"
+DEFAULT = "default"
+ALL = "all"
+#: The name that stands for the histograms in a list of statistics.
+HISTOGRAM = "histogram"
+#: The derived global value: NaN and Inf counted over every tensor of a record.
+NONFINITE_COUNT = "nonfinite_count"
+#: Statistics that count non-finite values.
+NONFINITE_STATS = ("nan_count", "inf_count")
+#: Collections whose every statistic always goes (the user chose to record each of them).
+ALWAYS_COLLECTIONS = ("losses", "summaries", "scalars")
+#: Collections whose tensors get a histogram by default (their whole tensors, not per-sample parts).
+HISTOGRAM_COLLECTIONS = ("weights", "biases", "gradients", "activations")
+#: ``(collection or None for every collection, statistic)`` of the default panels; a collection
+#: without any ``l2`` gets a panel of its ``std`` instead, one with only per-sample parts
+#: (``activation_gradients/fc1/sample_norm``) one of their mean (:data:`SAMPLE_NORM_MEAN`).
+PANEL_STATS = ((None, "l2"), ("dynamics", "update_ratio"), ("activations", "dead_fraction"))
+#: The per-layer panel of a collection whose tensors are only per-sample parts (``activation_gradients``).
+SAMPLE_NORM_MEAN = "sample_norm/mean"
+_SIZE_STATS = ("l2", "std", SAMPLE_NORM_MEAN)
+_PANEL_CANDIDATES = frozenset({"l2", "std", "update_ratio", "dead_fraction"})
+#: Collections that never get panels: their values are sent whole already.
+_NO_PANELS = (*ALWAYS_COLLECTIONS, "epochs")
+
+TrackerStats = str | tuple[str, ...]
+
+
+def check_tracker_stats(name: str, value: Any) -> TrackerStats | None:
+    """``value`` as a payload choice (``None``: not chosen here), or the usual error naming ``name``.
+
+    >>> check_tracker_stats("tracker_stats", ["l2", "histogram"])
+    ('l2', 'histogram')
+    """
+    what = '"default", "all" or a list of statistic names such as ["l2", "histogram"]'
+    if value is None or value in (DEFAULT, ALL):
+        return value
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise expected(name, what, value)
+    names = tuple(dict.fromkeys(value))
+    if not names or not all(isinstance(n, str) and n and "/" not in n for n in names):
+        raise expected(name, what, value)
+    return names
+
+
+def environment_tracker_stats() -> TrackerStats | None:
+    """:data:`TRACKER_STATS_ENV` as a payload choice (``None`` when unset or empty)."""
+    raw = os.environ.get(TRACKER_STATS_ENV, "").strip()
+    if not raw:
+        return None
+    if raw in (DEFAULT, ALL):
+        return raw
+    return check_tracker_stats(TRACKER_STATS_ENV, [part.strip() for part in raw.split(",") if part.strip()])
+
+
+def resolve_tracker_stats(backend: Any = None, run: Any = None) -> TrackerStats:
+    """The payload a backend sends: its own choice, else the run's option, else the environment
+    variable, else ``"default"``.
+
+    >>> resolve_tracker_stats(None, "all"), resolve_tracker_stats(["l2"], "all")
+    ('all', ('l2',))
+    """
+    for name, value in (("tracker_stats", backend), ("tracker_stats", run)):
+        checked = check_tracker_stats(name, value)
+        if checked is not None:
+            return checked
+    return environment_tracker_stats() or DEFAULT
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerPanel:
+    """One statistic of every layer of a collection at one step: one chart in a tracker.
+
+    ``layers`` are tensor names without the collection (``"h.0.attn.c_attn.weight"``), in the
+    record's order (the model's); ``values`` their values, float64.
+    """
+
+    collection: str
+    stat: str
+    layers: tuple[str, ...]
+    values: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class Payload:
+    """What a tracker sends of one record (see the module docstring).
+
+    ``scalars`` are ``(record key, value)`` pairs (``"dynamics/global/grad_norm"``,
+    ``"losses/train_loss"``, ``"gradients/fc1.weight/l2"``) for :func:`~tensorlens.backends.keys.tracker_key`;
+    ``globals`` are derived global values (``(name, value)``, for
+    :func:`~tensorlens.backends.keys.global_key`); ``histograms`` the record's chosen histograms;
+    ``panels`` one :class:`LayerPanel` per collection and statistic.
+    """
+
+    scalars: tuple[tuple[str, float], ...]
+    globals: tuple[tuple[str, float], ...]
+    histograms: tuple[HistogramEntry, ...]
+    panels: tuple[LayerPanel, ...]
+
+    def keys(self) -> list[str]:
+        """Every record key of the payload (scalars and ``<tensor>/histogram``), for counting."""
+        return [k for k, _ in self.scalars] + [f"{h.tensor}/histogram" for h in self.histograms]
+
+
+# What a scalar (tensor, stat) of a record is, decided once per name and cached.
+_SEND, _SKIP, _NONFINITE = 0, 1, 2
+
+
+class PayloadSelector:
+    """Chooses the payload of each record for one backend (it remembers the tensors that held
+    NaN or Inf, so keep one per backend and run).
+
+    >>> selector = PayloadSelector("default")
+    >>> payload = selector.select(record)        # doctest: +SKIP
+    """
+
+    def __init__(self, tracker_stats: Any = DEFAULT) -> None:
+        self.tracker_stats: TrackerStats = check_tracker_stats("tracker_stats", tracker_stats) or DEFAULT
+        self._all = self.tracker_stats == ALL
+        self._default = self.tracker_stats == DEFAULT
+        listed = () if isinstance(self.tracker_stats, str) else self.tracker_stats
+        self._stats = frozenset(s for s in listed if s != HISTOGRAM)
+        self._histograms = self._all or HISTOGRAM in listed
+        self._kind: dict[tuple[str, str], int] = {}
+        self._flagged: set[str] = set()  # tensors that held NaN or Inf: their counts go from then on
+
+    @property
+    def sends_panels(self) -> bool:
+        """Whether panels are part of this payload (``"default"`` and ``"all"``)."""
+        return isinstance(self.tracker_stats, str)
+
+    def _decide(self, tensor: str, stat: str) -> int:
+        inner = tensor[len("epochs/"):] if tensor.startswith("epochs/") else tensor
+        collection = inner.partition("/")[0]
+        if not stat or inner == GLOBAL_TENSOR or collection in ALWAYS_COLLECTIONS or self._all:
+            return _SEND
+        if tensor.startswith("epochs/"):
+            return _SKIP  # per-tensor epoch aggregates: in the store, not in the default view
+        if self._default:
+            return _NONFINITE if stat in NONFINITE_STATS else _SKIP
+        if stat in self._stats:
+            return _SEND
+        return _NONFINITE if stat in NONFINITE_STATS else _SKIP
+
+    def select(self, record: StepRecord) -> Payload:
+        """The payload of ``record``."""
+        kinds = self._kind
+        scalars: list[tuple[str, float]] = []
+        nonfinite_total = 0.0
+        counted = False
+        values = record.scalar_values.tolist()
+        newly: list[str] = []
+        for (tensor, stat), value in zip(record.scalar_names, values, strict=True):
+            kind = kinds.get((tensor, stat))
+            if kind is None:
+                kind = kinds[(tensor, stat)] = self._decide(tensor, stat)
+            if stat in NONFINITE_STATS and tensor != GLOBAL_TENSOR and not tensor.startswith("epochs/"):
+                counted = True
+                if value != 0:  # a count above zero, or itself NaN
+                    nonfinite_total += value
+                    if tensor not in self._flagged:
+                        newly.append(tensor)
+            if kind == _SEND:
+                scalars.append((f"{tensor}/{stat}" if stat else tensor, value))
+        self._flagged.update(newly)
+        if self._flagged and not self._all:
+            # a tensor that held NaN or Inf: its counts go, from that step on (those not sent already)
+            for (tensor, stat), value in zip(record.scalar_names, values, strict=True):
+                if tensor in self._flagged and stat in NONFINITE_STATS and kinds.get((tensor, stat)) != _SEND:
+                    scalars.append((f"{tensor}/{stat}", value))
+        globals_ = ((NONFINITE_COUNT, nonfinite_total),) if counted else ()
+        return Payload(tuple(scalars), globals_, self._select_histograms(record), self._panels(record))
+
+    def _select_histograms(self, record: StepRecord) -> tuple[HistogramEntry, ...]:
+        if not record.histogram_names:
+            return ()
+        if self._histograms:
+            return record.histograms
+        if not self._default:
+            return ()
+        return tuple(
+            record.histogram(tensor)  # type: ignore[misc]
+            for tensor, _ in record.histogram_names
+            if tensor.partition("/")[0] in HISTOGRAM_COLLECTIONS and tensor.count("/") == 1
+        )
+
+    def _panels(self, record: StepRecord) -> tuple[LayerPanel, ...]:
+        if not self.sends_panels:
+            return ()
+        return layer_panels(record)
+
+
+def layer_panels(record: StepRecord) -> tuple[LayerPanel, ...]:
+    """The default panels of ``record`` (:data:`PANEL_STATS`), in a fixed order: collections in
+    record order, then statistics in :data:`PANEL_STATS` order.
+
+    Only a tensor of a collection itself counts as a layer (``activations/fc1``, not its
+    per-sample part ``activations/fc1/sample_norm``)."""
+    by_collection: dict[str, dict[str, tuple[list[str], list[float]]]] = {}
+    for (tensor, stat), value in zip(record.scalar_names, record.scalar_values.tolist(), strict=True):
+        if not stat:
+            continue
+        collection, _, layer = tensor.partition("/")
+        if not layer or collection in _NO_PANELS or tensor == GLOBAL_TENSOR:
+            continue
+        if "/" in layer:  # a per-sample part: only its mean norm, for collections that have nothing else
+            layer, _, part = layer.partition("/")
+            if part != "sample_norm" or stat != "mean" or "/" in layer:
+                continue
+            stat = SAMPLE_NORM_MEAN
+        elif stat not in _PANEL_CANDIDATES:
+            continue
+        names, vals = by_collection.setdefault(collection, {}).setdefault(stat, ([], []))
+        names.append(layer)
+        vals.append(value)
+    panels = []
+    for collection, stats in by_collection.items():
+        for owner, stat in PANEL_STATS:
+            if owner is not None and owner != collection:
+                continue
+            if owner is None:  # the collection's size: l2, else std, else the mean per-sample norm
+                stat = next((s for s in _SIZE_STATS if s in stats), stat)
+            if stat in stats:
+                names, vals = stats[stat]
+                panels.append(LayerPanel(collection, stat, tuple(names), np.asarray(vals, dtype=np.float64)))
+    return tuple(panels)
