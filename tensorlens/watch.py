@@ -49,6 +49,7 @@ def watch(
     max_pending_steps: int = 64,
     collective_timeout: float | None = None,
     scales_plot_interval: int | None = 10,
+    tracker_stats: str | Sequence[str] | None = None,
     options: Options | None = None,
 ) -> Hook:
     """Watch ``models`` with sensible defaults and return the :class:`Hook`.
@@ -93,6 +94,7 @@ def watch(
         "dynamics": dynamics, "epoch_statistics": epoch_statistics, "scales": scales, "rules": rules,
         "include_regex": include_regex, "max_pending_steps": max_pending_steps,
         "collective_timeout": collective_timeout, "scales_plot_interval": scales_plot_interval,
+        "tracker_stats": tracker_stats,
     })
     if opts.save_config is None:  # an Options left to the entry point: watch saves every 100th step
         opts = opts.replace(save_config=SaveConfig(save_interval=ENTRY_DEFAULTS["watch"]["save_interval"]))

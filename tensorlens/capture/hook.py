@@ -77,6 +77,9 @@ class Hook(Recorder):
         scales: record the per-op forward and backward scales at the steps the ``scales``
             collection saves (:mod:`tensorlens.scales`); ``scales_plot_interval``: every this
             many of those steps the log2 plot is drawn into ``<run_dir>/scales/`` (``None``: never).
+        tracker_stats: what each tracker receives of a record: ``"default"`` (histograms of the
+            parameters, one panel per collection and statistic, the global values), ``"all"``, or
+            statistic names (``["l2", "histogram"]``); see :mod:`tensorlens.backends.payload`.
         rules: :mod:`tensorlens.rules` checked on every saved step in the background; their
             actions are taken at the next optimizer step (``hook.should_stop``, ``hook.findings()``).
         options: a :class:`tensorlens.Options` holding all of the above instead (then leave them

@@ -109,6 +109,7 @@ class Recorder:
         epoch_statistics: Iterable[str] | str | None = None,
         rules: Sequence[Rule] | None = None,
         collective_timeout: float | None = None,
+        tracker_stats: str | Sequence[str] | None = None,
         options: Options | None = None,
     ) -> None:
         opts = from_keywords(self._entry, options, {
@@ -117,7 +118,7 @@ class Recorder:
             "include_regex": include_regex, "backends": backends, "run_name": run_name,
             "include_workers": include_workers, "max_pending_steps": max_pending_steps, "resume": resume,
             "dynamics_config": dynamics_config, "epoch_statistics": epoch_statistics, "rules": rules,
-            "collective_timeout": collective_timeout,
+            "collective_timeout": collective_timeout, "tracker_stats": tracker_stats,
         })
         #: The options this recorder was made with (checked: :class:`tensorlens.Options`).
         self.options = opts
@@ -142,7 +143,7 @@ class Recorder:
         )
         run = RunInfo(
             self.run_name, self.run_dir, self.rank, self.world_size, {"include_workers": include_workers},
-            metadata=metadata_of(self), modules=self._describe_modules,
+            metadata=metadata_of(self), modules=self._describe_modules, tracker_stats=opts.tracker_stats,
         )
         self._output = StepOutput(
             self._backends, run, opts.max_pending_steps, check_epoch_statistics(opts.epoch_statistics), reducer, self.rank, self.world_size,
