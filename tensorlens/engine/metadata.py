@@ -1,7 +1,8 @@
 """Run metadata: what a run was recorded with and on what, sent once to every backend.
 
 The recorder's configuration (save schedule per mode, reductions, histograms, collections,
-``include_workers``), the model (parameter counts in all and per top-level module, dtype,
+``include_workers``), the W&B / MLflow runs it was recorded beside (``trackers``:
+their names and ids, see :mod:`tensorlens.engine.run_names`), the model (parameter counts in all and per top-level module, dtype,
 device), the world size, the versions of tensorlens, torch and Python, and the git commit of
 the working directory. Trackers keep it as their run config (W&B), params (MLflow) or a text and
 hparams summary (TensorBoard); the local store keeps it in its ``meta`` table
@@ -28,6 +29,7 @@ import torch
 
 from tensorlens._version import __version__
 from tensorlens.config import ReductionConfig
+from tensorlens.engine.run_names import current_naming, tracker_metadata
 from tensorlens.names import record_safe
 
 #: ``git rev-parse`` gets this long; a slow or hung git never holds a run up for longer.
@@ -36,17 +38,18 @@ GIT_TIMEOUT_S = 2.0
 Plain = str | int | float | bool | None
 
 
-def run_metadata(recorder: Any, sources: Iterable[Any] = ()) -> dict[str, Any]:
+def run_metadata(recorder: Any, sources: Iterable[Any] = (), trackers: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The metadata of a recorder's run: a nested dict of plain values (JSON-able).
 
     ``recorder`` is read through its public configuration (``save_config``,
     ``reduction_config``, ``histogram_config``, ``enabled_collections()``, ``include_workers``,
     ``world_size``); ``sources`` give the parameters (``parameters()``) and, where they have
-    ``roots``, the model classes.
+    ``roots``, the model classes; ``trackers`` the user's runs
+    (:func:`tensorlens.engine.run_names.tracker_metadata`).
 
     >>> meta = run_metadata(tl.Recorder(backends=["memory"]))      # doctest: +SKIP
     >>> sorted(meta)                                               # doctest: +SKIP
-    ['config', 'git', 'model', 'run', 'versions']
+    ['config', 'git', 'model', 'run', 'trackers', 'versions']
     """
     sources = list(sources)
     parameters: list[tuple[str, torch.Tensor]] = []
@@ -78,6 +81,7 @@ def run_metadata(recorder: Any, sources: Iterable[Any] = ()) -> dict[str, Any]:
         "versions": versions(),
         "git": {"commit": git_commit()},
         "run": {"world_size": int(recorder.world_size), "include_workers": recorder.include_workers},
+        "trackers": dict(trackers or {}),
         "config": config,
         "model": model,
     }
@@ -198,11 +202,14 @@ class LazyMetadata(Mapping[str, Any]):
 
 def metadata_of(recorder: Any) -> LazyMetadata:
     """The run's metadata, built when the first backend opens (the sources are known by then);
-    a weak reference, so the dispatcher's threads never keep a dropped recorder alive."""
+    a weak reference, so the dispatcher's threads never keep a dropped recorder alive. The user's
+    tracker runs are read now, on the thread creating the recorder (MLflow's active run is this
+    thread's; a callback names its runs around the recorder's creation)."""
     ref = weakref.ref(recorder)
+    trackers = tracker_metadata(current_naming().runs)
 
     def build() -> dict[str, Any]:
         found = ref()
-        return run_metadata(found, found._sources) if found is not None else {}
+        return run_metadata(found, found._sources, trackers) if found is not None else {}
 
     return LazyMetadata(build)

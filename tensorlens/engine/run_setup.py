@@ -1,4 +1,4 @@
-"""A recorder's setup: its run folder found, its cross-rank reducer and its rules' runner made.
+"""A recorder's setup: its run folder found and named, its cross-rank reducer and its rules' runner made.
 
 Kept out of engine/recorder.py so the recorder holds steps and the lifecycle. Its arguments are
 checked before, in one place for every entry point: :class:`tensorlens.options.Options`.
@@ -9,17 +9,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tensorlens.backends.base import Backend, active_run_name
+from tensorlens.backends.base import Backend
+from tensorlens.engine.run_names import Naming, current_naming, run_name_from
 from tensorlens.store import runs
 from tensorlens.store.schema import store_filename
 
 
 def locate_run(
     out_dir: Any, run_name: str | None, resume: str, backends: Sequence[Backend], rank: int, world_size: int,
-    include_workers: str, collective_timeout: float | None,
+    include_workers: str, collective_timeout: float | None, naming: Naming | None = None,
 ) -> tuple[str, str, bool]:
     """The run's name, folder and whether it is resumed (see :func:`tensorlens.store.runs.locate`);
-    with several ranks, rank 0's choice is broadcast."""
+    with several ranks, rank 0's choice is broadcast. Without ``run_name`` the run is named after
+    the user's run (``naming``, default :func:`~tensorlens.engine.run_names.current_naming`): its
+    folder is made unique as any derived name's, inside ``naming.runs_dir`` when it says."""
+    naming = current_naming() if naming is None else naming
     share = None
     if world_size > 1:
         from tensorlens.compute.distributed import broadcast_run
@@ -27,8 +31,8 @@ def locate_run(
         def share(name: str, run_dir: str) -> tuple[str, str]:
             return broadcast_run(name, run_dir, timeout=collective_timeout)
     return runs.locate(
-        out_dir, run_name, active_run_name(backends), resume, store_filename(f"worker_{rank}", primary=rank == 0),
-        rank=rank, own_store=rank == 0 or include_workers == "all", share=share,
+        out_dir, run_name, run_name_from(naming, backends), resume, store_filename(f"worker_{rank}", primary=rank == 0),
+        rank=rank, own_store=rank == 0 or include_workers == "all", share=share, runs_dir=naming.runs_dir,
     )
 
 
