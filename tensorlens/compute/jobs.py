@@ -16,7 +16,9 @@ from tensorlens.names import record_safe
 from tensorlens.stats import native
 from tensorlens.stats.histogram import sample_stride, strided_sample
 from tensorlens.stats.moments import NATIVE_COLUMNS, as_values, needed_columns
+from tensorlens.stats.path import TRITON, path_for
 from tensorlens.stats.torch_rows import TorchRows
+from tensorlens.stats.triton.rows import TRITON_COLUMNS, one_row, triton_reads
 
 
 @dataclasses.dataclass
@@ -131,6 +133,13 @@ def reduce_now(tensor: torch.Tensor, plan: ReducePlan) -> ReducedPiece | None:
             return None
         row, sample = found
         return ReducedPiece(row, sample if sample is not None else values.new_empty(0), tensor.shape, tensor.dtype, tensor.device)
+    if path_for(tensor.device) == TRITON and plan.columns <= TRITON_COLUMNS and triton_reads([tensor], "an activation"):
+        with torch.no_grad():  # the fused kernels read it as it is (a bfloat16 activation: no float32 copy)
+            values = tensor.detach() if tensor.is_contiguous() else tensor.detach().contiguous()
+            period = int(tensor.shape[-1]) if tensor.dim() else 1
+            sample = strided_sample(values.reshape(-1), plan.sample, period) if plan.histogram else values.new_empty(0)
+            sample = as_values(sample).clone()  # a copy in the compute dtype: an in-place op after the module must not change it
+            return ReducedPiece(None, sample, tensor.shape, tensor.dtype, tensor.device, partial_row=one_row(values, plan.columns))
     return _reduce_with_torch(tensor, plan)
 
 

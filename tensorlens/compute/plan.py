@@ -26,7 +26,9 @@ from tensorlens.names import record_safe
 from tensorlens.stats import native
 from tensorlens.stats.histogram import HistogramLayout, sample_stride
 from tensorlens.stats.moments import NATIVE_COLUMNS, PARTIALS, needed_columns
+from tensorlens.stats.path import NATIVE, TRITON, path_for
 from tensorlens.stats.torch_rows import SMALL_TENSOR, TorchRows, to_device
+from tensorlens.stats.triton.rows import TRITON_COLUMNS, SampleTable, TritonRows, triton_reads
 
 _FLOATS = (torch.float32, torch.float64)
 
@@ -97,6 +99,7 @@ class HistogramGroup:
     at: torch.Tensor | None = None  # members, on the plan's device
     layout: HistogramLayout | None = None  # for PyTorch binning
     batch: native.HistogramBatch | None = None  # for native binning, when every sample's pointer is static
+    triton: SampleTable | None = None  # for Triton binning: every member on the Triton path
     partitioned: torch.Tensor | None = None  # [G] bool, for merging counts across ranks
     # per ``layout.by_length`` entry: the job of each member, when every one is a plain tensor on
     # the plan's device sampled whole (stacked in one C++ call, no Python per tensor); else None
@@ -116,7 +119,6 @@ class StepPlan:
         (their size and dtype are known only once converted; the same signature gives the same)."""
         self.signature = sig
         self.n = len(jobs)
-        self.native_on = native.available() and not sync_free  # sync_free: the GPU's code, also on a CPU
         self.kinds = [
             VIEW if s[7] == VIEW else REDUCED if any(isinstance(p, ReducedPiece) for p in j.pieces) else VALUES
             for s, j in zip(sig, jobs, strict=True)
@@ -127,6 +129,9 @@ class StepPlan:
         self.device = accelerators[0] if accelerators else torch.device("cpu")
         # on a CPU the host reads results for free; elsewhere the plan must never wait for the device
         self.sync_free = sync_free or self.device.type != "cpu"
+        # native, triton or torch (tensorlens.stats.path); sync_free: the GPU's code, also on a CPU
+        self.path = path_for(self.device, sync_free)
+        self.native_on = self.path == NATIVE
         self.partitioned_list = [job.partitioned for job in jobs]
         self.partitioned = to_device(self.partitioned_list, torch.bool, self.device) if jobs else None
         self.columns = [needed_columns(job.stats) for job in jobs]
@@ -157,8 +162,20 @@ class StepPlan:
             self.native_mask = np.stack([_column_mask(self.columns[i]) for i in self.native])
         self.native_slot = {i: k for k, i in enumerate(self.native)}
 
+        # the Triton kernels: dense jobs whose columns they compute and whose dtype they read
+        self.triton = [
+            i for i in self.dense
+            if self.path == TRITON and self.columns[i] <= TRITON_COLUMNS and triton_reads(jobs[i].pieces, jobs[i].name)
+        ]
+        self.triton_rows = TritonRows(
+            [dense_numel[i] for i in self.triton], [dense_dtypes[i] for i in self.triton],
+            [self.columns[i] for i in self.triton], self.device,
+        ) if self.triton else None
+        self.triton_at = to_device(self.triton, torch.int64, self.device) if self.triton else None
+        triton_set = set(self.triton)
+
         # PyTorch ops: the other dense jobs
-        self.torch = [i for i in self.dense if i not in native_set]
+        self.torch = [i for i in self.dense if i not in native_set and i not in triton_set]
         self.torch_rows: TorchRows | None = None
         self.small_torch: set[int] = set()
         if self.torch:
@@ -179,7 +196,7 @@ class StepPlan:
 
     def matches(self, sig: list[tuple[Any, ...]], sync_free: bool) -> bool:
         return (sync_free or self.device.type != "cpu") == self.sync_free \
-            and self.native_on == (native.available() and not sync_free) and sig == self.signature
+            and self.path == path_for(self.device, sync_free) and sig == self.signature
 
     def _small_gather(self, jobs: list[int] | None, length: int) -> torch.Tensor | None:
         """Positions of ``jobs``' values (sampled whole) in :attr:`TorchRows.small_flat`, or ``None``."""
@@ -218,7 +235,13 @@ class StepPlan:
             )
             group.at = to_device(members, torch.int64, self.device)
             group.partitioned = to_device([self.partitioned_list[i] for i in members], torch.bool, self.device)
-            if group.native:
+            if not group.native and not reject and dtype in _FLOATS and set(members) <= set(self.triton):
+                group.triton = SampleTable(  # binned by the Triton kernels, read in place
+                    [numel[i] for i in members],
+                    [sample_stride(numel[i], self.metas[i].histogram.sample, self.metas[i].period) for i in members],
+                    [dtypes[i] for i in members], self.device,
+                )
+            elif group.native:
                 if all(i in native_set for i in members) and self.moments is not None:
                     slots = [self.native_slot[i] for i in members]
                     group.batch = native.HistogramBatch(

@@ -42,14 +42,9 @@ from tensorlens.stats.histogram import (
     stack_samples,
     strided_sample,
 )
-from tensorlens.stats.moments import (
-    COL,
-    PARTIALS,
-    as_values,
-    merge_partials,
-    native_partial_rows,
-)
+from tensorlens.stats.moments import COL, PARTIALS, as_values, merge_partials, native_partial_rows
 from tensorlens.stats.torch_rows import finite_range_rows
+from tensorlens.stats.triton.histograms import triton_histograms
 
 _NAN, _INF = COL["nan_count"], COL["inf_count"]
 
@@ -299,6 +294,10 @@ class _Step:
             block = native_partial_rows(found)
             block[~plan.native_mask] = math.nan  # as the PyTorch path: NaN where a column was not requested
             host[plan.native_at] = block
+        if plan.triton:  # the fused kernels, reading each tensor where it lies
+            values = [self._dense(i).contiguous() for i in plan.triton]
+            self.values.update(zip(plan.triton, values, strict=True))
+            rows.index_copy_(0, plan.triton_at, plan.triton_rows.run(values))
         if plan.reduced:
             rows.index_copy_(0, plan.reduced_at, self._reduced_rows().to(plan.device, non_blocking=True))
         if plan.torch:
@@ -372,6 +371,11 @@ class _Step:
     def _histograms(self, group: HistogramGroup, rows: torch.Tensor, flagged: np.ndarray | torch.Tensor) -> _DeviceHistograms:
         plan, reducer = self.plan, self.reducer
         members = group.members
+        if group.triton is not None:  # the Triton kernels: every sample read in place, ranges chosen on the device
+            counts, extra = triton_histograms(group.triton, [self._flat(i) for i in members], rows, group.at, flagged, group.fixed,
+                                              group.bins, group.dtype, reducer.min_max if reducer is not None else None)
+            hists = _DeviceHistograms(members, counts, extra, group.sampled, group.dtype)
+            return _merge_workers(hists, plan.partitioned_list, reducer, group.partitioned)
         if group.batch is not None and not plan.sync_free and not flagged[members].any():
             # the usual step: the kernel bins the samples it gathered, at pointers it knows
             host = rows.numpy()

@@ -242,4 +242,5 @@ def library() -> ctypes.CDLL | None:
 
 
 def _switched_off() -> bool:
-    return os.environ.get("TENSORLENS_NATIVE") == "0"
+    # TENSORLENS_STATS_PATH=torch|triton asks for another path (tensorlens.stats.path)
+    return os.environ.get("TENSORLENS_NATIVE") == "0" or os.environ.get("TENSORLENS_STATS_PATH", "").strip().lower() in ("torch", "triton")

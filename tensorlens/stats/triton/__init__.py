@@ -1,0 +1,1 @@
+"""The fused statistics path in Triton: see :mod:`tensorlens.stats.triton.rows`."""
