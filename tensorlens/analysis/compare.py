@@ -98,6 +98,13 @@ STEP_ORDER = ("weights", "biases", "optimizer", "inputs", "activations", "losses
 _PREFERRED = ("", "l2", "nan_count", "inf_count", "dead_fraction", "update_ratio", "std")
 
 
+def step_order(tensor: str) -> int:
+    """Where in a training step the collection of ``tensor`` is computed (:data:`STEP_ORDER`;
+    collections not listed come last)."""
+    collection = tensor.split("/", 1)[0]
+    return STEP_ORDER.index(collection) if collection in STEP_ORDER else len(STEP_ORDER)
+
+
 def ranked_statistic(stat: str) -> bool:
     """Whether the ranking reads ``stat`` (see :data:`UNRANKED_STATS`)."""
     return stat not in UNRANKED_STATS and not _SIGNED.search(stat)
@@ -228,8 +235,7 @@ class DivergenceRanking:
             found = Divergent(tensor, stat, mode, int(self.onset[i]), int(self.onset_mode_step[i]),
                               float(self.at_onset[i, 0]), float(self.at_onset[i, 1]), score, float(self.peak[i]),
                               int(self.paired[i]))
-            collection = tensor.split("/", 1)[0]
-            order = STEP_ORDER.index(collection) if collection in STEP_ORDER else len(STEP_ORDER)
+            order = step_order(tensor)
             preferred = _PREFERRED.index(stat) if stat in _PREFERRED else len(_PREFERRED)
             key = (list(ModeKeys).index(mode), found.step, -round(score, 9), order, preferred, i)
             held = best.get((tensor, mode))

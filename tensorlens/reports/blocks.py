@@ -2,8 +2,8 @@
 
 A section is a title and a list of blocks: :class:`Chart` (a Vega-Lite spec plus its datasets),
 :class:`Note` (a sentence), :class:`Table` (rows of text), :class:`Group` (collapsible blocks,
-found by the page's filter box) and :class:`Choice` (one of several blocks at a time, picked in
-a drop-down). :func:`to_html` turns them into escaped markup; the specs and datasets go into the
+found by the page's filter box), :class:`Choice` (one of several blocks at a time, picked in
+a drop-down) and :class:`Card` (one run's summary with a status badge; :class:`Cards` side by side). :func:`to_html` turns them into escaped markup; the specs and datasets go into the
 page's JSON. Chart specs are plain Vega-Lite, so the same spec can be installed as a W&B custom
 chart.
 """
@@ -62,7 +62,28 @@ class Choice:
     options: list[tuple[str, list[Block]]]
 
 
-Block = Chart | Note | Table | Group | Choice
+@dataclasses.dataclass
+class Card:
+    """One run's summary: a ``title`` with the run's ``color``, a ``status`` (``critical``,
+    ``warning``, ``healthy``; drawn as a badge saying ``status_text``), labelled ``facts`` (label,
+    text) and blocks below them."""
+
+    title: str
+    status: str
+    status_text: str
+    facts: list[tuple[str, str]]
+    blocks: list[Block] = dataclasses.field(default_factory=list)
+    color: str = ""
+
+
+@dataclasses.dataclass
+class Cards:
+    """Cards side by side (as many as fit the page's width)."""
+
+    cards: list[Card]
+
+
+Block = Chart | Note | Table | Group | Choice | Card | Cards
 
 
 @dataclasses.dataclass
@@ -126,7 +147,19 @@ def _block(block: Block, charts: dict[str, dict[str, Any]], counter: itertools.c
         return (
             f'<div class="tl-choice"><label>{esc(block.label)} <select>{options}</select></label>{panes}</div>'
         )
-    raise TypeError(f"Expected a block (Chart, Note, Table, Group, Choice), but got {block!r}")
+    if isinstance(block, Cards):
+        return '<div class="tl-cards">' + "".join(_block(c, charts, counter) for c in block.cards) + "</div>"
+    if isinstance(block, Card):
+        swatch = f'<span class="tl-swatch" style="background:{esc(block.color)}"></span>' if block.color else ""
+        facts = "".join(f"<dt>{esc(label)}</dt><dd>{esc(text)}</dd>" for label, text in block.facts)
+        inner = "".join(_block(b, charts, counter) for b in block.blocks)
+        return (
+            f'<div class="tl-card tl-status-{esc(block.status)}" data-status="{esc(block.status)}">'
+            f'<div class="tl-card-head"><h3>{swatch}{esc(block.title)}</h3>'
+            f'<span class="tl-badge">{esc(block.status_text)}</span></div>'
+            f'<dl class="tl-facts">{facts}</dl>{inner}</div>'
+        )
+    raise TypeError(f"Expected a block (Chart, Note, Table, Group, Choice, Card, Cards), but got {block!r}")
 
 
 def _cell(value: Any) -> str:
@@ -215,34 +248,50 @@ def line_spec(title: str, y_title: str, runs: Sequence[str], log: bool = False, 
     }
 
 
-def layer_heatmap_spec(title: str, stat: str, rows: int, log: bool) -> dict[str, Any]:
+def layer_heatmap_spec(title: str, stat: str, rows: int, log: bool,
+                       domain: tuple[float, float] | None = None, nonfinite: bool = False) -> dict[str, Any]:
     """Tensors (rows, in model order) x steps, coloured by ``value``, from the ``matrix`` dataset
-    ``values`` (made with ``stat=`` the statistic's name, shown in the tooltip)."""
+    ``values`` (made with ``stat=`` the statistic's name, shown in the tooltip). ``domain`` fixes
+    the colour scale (the same for every run's heatmap of one statistic, so one colour is one
+    value across runs). With ``nonfinite``, cells whose value was NaN or Inf are drawn red (a layer
+    of its own, left out when no cell needs it: an empty layer has no extent, which Vega warns about)."""
+    scale: dict[str, Any] = {"type": "log" if log else "linear", "scheme": "viridis"}
+    if domain is not None:
+        scale["domain"] = [domain[0], domain[1]]
+        scale["clamp"] = True
+    tooltip = [
+        {"field": "tensor", "type": "nominal"},
+        {"field": "step", "type": "quantitative"},
+        {"field": "stat", "type": "nominal", "title": "statistic"},
+        {"field": "value", "type": "quantitative", "format": ".5~g"},
+    ]
     return {
         "$schema": "https://vega.github.io/schema/vega-lite/v6.json",
         "title": {"text": title, "anchor": "start", "limit": 900},
         "data": {"name": "values"},
         "width": "container",
         "height": max(120, min(14 * rows, 1400)),
-        "mark": {"type": "rect"},
         "encoding": {
             "x": {"field": "step_start", "type": "quantitative", "title": "step", "axis": step_axis(),
                   "scale": step_scale()},
             "x2": {"field": "step_end"},
             "y": {"field": "tensor", "type": "ordinal", "title": None, "sort": None,
                   "axis": {"labelLimit": 320, "labelFontSize": 10}},
-            "color": {"field": "value", "type": "quantitative", "title": stat,
-                      "scale": {"type": "log" if log else "linear", "scheme": "viridis"},
-                      "legend": {"orient": "right", "format": ".2~g"}},
-
-            "tooltip": [
-                {"field": "tensor", "type": "nominal"},
-                {"field": "step", "type": "quantitative"},
-                {"field": "stat", "type": "nominal", "title": "statistic"},
-                {"field": "value", "type": "quantitative", "format": ".5~g"},
-            ],
         },
+        "layer": [
+            {"transform": [{"filter": "datum.value !== null"}], "mark": {"type": "rect"}, "encoding": {
+                "color": {"field": "value", "type": "quantitative", "title": stat, "scale": scale,
+                          "legend": {"orient": "right", "format": ".2~g"}},
+                "tooltip": tooltip}},
+        ] + ([
+            {"transform": [{"filter": "datum.nonfinite"}], "mark": {"type": "rect", "color": NONFINITE_COLOR},
+             "encoding": {"tooltip": [*tooltip[:3], {"field": "nonfinite", "type": "nominal", "title": "value"}]}},
+        ] if nonfinite else []),
     }
+
+
+#: The colour of a heatmap cell whose value was NaN or Inf (outside viridis).
+NONFINITE_COLOR = "#e4002b"
 
 
 def histogram_heatmap_spec(title: str, axis: str, linthresh: float | None, height: int = 200) -> dict[str, Any]:

@@ -79,13 +79,20 @@ class RunData:
 
     def column_matrix(self, tensors: list[str], stat: str) -> np.ndarray:
         """``[len(tensors), columns]`` values of ``stat`` at the column steps (NaN where absent)."""
+        return self.column_values(tensors, stat)[0]
+
+    def column_values(self, tensors: list[str], stat: str) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`column_matrix` and where a value was recorded (a recorded NaN is told apart from
+        an absent one: a heatmap draws the first as a NaN cell, leaves the second blank)."""
         out = np.full((len(tensors), len(self.column_records)), np.nan)
+        present = np.zeros(out.shape, dtype=bool)
         for j, record in enumerate(self.column_records):
             for i, tensor in enumerate(tensors):
                 value = record.scalar(tensor, stat)
                 if value is not None:
                     out[i, j] = value
-        return out
+                    present[i, j] = True
+        return out, present
 
     def modules(self) -> list[dict[str, Any]] | None:
         """The model's modules as the recorder stored them (meta ``modules``), or ``None`` when

@@ -218,12 +218,17 @@ def write(path: str | os.PathLike[str], text: str) -> str:
     return write_output(path, text)
 
 
-def matrix(rows: Sequence[str], steps: Sequence[int], values: np.ndarray, **constant: Any) -> dict[str, Any]:
+def matrix(rows: Sequence[str], steps: Sequence[int], values: np.ndarray, nonfinite: np.ndarray | None = None,
+           **constant: Any) -> dict[str, Any]:
     """A rows x steps table of values (a layer x step heatmap): expanded by the page into rows
     ``{tensor, step, step_start, step_end, value}`` plus ``constant`` fields; NaN cells are left
-    out. Columns span the step axis as :func:`spans` says."""
+    out, except where the boolean ``nonfinite`` (same shape) is set: those become rows with
+    ``value`` null and ``nonfinite`` true (a recorded NaN or Inf, drawn in its own colour).
+    Columns span the step axis as :func:`spans` says."""
     starts, ends = spans(steps)
+    flagged = [] if nonfinite is None else np.flatnonzero(np.asarray(nonfinite, dtype=bool).reshape(-1)).tolist()
     return {
+        "nonfinite": flagged,  # row-major positions
         "format": "matrix",
         "rows": list(rows),
         "steps": rounded(np.asarray(steps, dtype=np.float64), 12),

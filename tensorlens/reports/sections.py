@@ -15,8 +15,8 @@ Adding a section (the rule findings and per-op scales sections are providers lik
 
 ``runs`` are :class:`~tensorlens.reports.data.RunData` (each has the open ``Run`` as ``.run`` for
 anything not already loaded); ``options`` is the report's :class:`ReportOptions`. Providers run
-in ``order`` (built-ins: overview 10, findings 15, layers 20, nonfinite 30, scales 35,
-distributions 40).
+in ``order`` (built-ins: health 5, differences 8, overview 10, findings 15, layers 20, nonfinite 30,
+scales 35, distributions 40).
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ from tensorlens.reports.blocks import (
     step_scale,
 )
 from tensorlens.reports.data import RunData
+from tensorlens.reports.health import run_health
 from tensorlens.reports.page import grid, matrix, table
+from tensorlens.reports.summary import differences, health
 from tensorlens.stats.views import decimate_minmax, heatmap_grid
 
 
@@ -160,6 +162,27 @@ LAYER_CHOICES = (
 )
 
 
+#: Statistics that are fractions: their colour scale is always [0, 1] (10 % dead is dark, 100 % bright).
+FRACTIONS = frozenset({"dead_fraction", "zero_fraction", "saturation_fraction", "active_rate_mean"})
+
+
+def shared_scale(stat: str, matrices: Sequence[np.ndarray]) -> tuple[bool, tuple[float, float] | None]:
+    """``(log, domain)`` of the colour scale of ``stat`` over every run's values: a fraction runs
+    from 0 to 1; otherwise from the smallest to the largest finite value of all runs, on a log
+    scale when all are positive and span more than a factor of 20. ``None`` when nothing is finite."""
+    if stat in FRACTIONS:
+        return False, (0.0, 1.0)
+    finite = np.concatenate([m[np.isfinite(m)] for m in matrices]) if matrices else np.zeros(0)
+    if not finite.size:
+        return False, None
+    low, high = float(finite.min()), float(finite.max())
+    log = bool(low > 0 and high / low > 20)
+    if high == low:  # one value: a scale of no width draws nothing
+        pad = abs(low) * 0.5 or 0.5
+        low, high = (low / 2, high * 2) if low > 0 else (low - pad, high + pad)
+    return log, (low, high)
+
+
 def layers(runs: Sequence[RunData], options: ReportOptions) -> Section | None:
     available: dict[tuple[str, str], None] = {}
     wanted = [(c, options.stat) for c in ("gradients", "weights", "activations", "updates", "dynamics", "biases")]
@@ -172,22 +195,27 @@ def layers(runs: Sequence[RunData], options: ReportOptions) -> Section | None:
     choices = []
     for collection, stat in available:
         blocks: list[Any] = []
+        drawn = []
         for r in runs:
             tensors = [t for t in r.tensors if t.split("/", 1)[0] == collection and stat in r.stats.get(t, ())]
-            if not tensors or not r.column_records:
-                continue
-            values = r.column_matrix(tensors, stat)
-            finite = values[np.isfinite(values)]
-            log = bool(finite.size and np.all(finite > 0) and finite.max() / finite.min() > 20)
+            if tensors and r.column_records:
+                drawn.append((r, tensors, *r.column_values(tensors, stat)))
+        log, domain = shared_scale(stat, [values for *_, values, _ in drawn])
+        for r, tensors, values, present in drawn:
             title = f"{collection} {stat}" + (f" — {r.name}" if len(runs) > 1 else "")
             labels = [t.split("/", 1)[1] if "/" in t else t for t in tensors]
-            blocks.append(Chart(layer_heatmap_spec(title, stat, len(tensors), log),
-                                {"values": matrix(labels, r.column_steps, values, stat=stat)}, eager=not choices))
+            nonfinite = present & ~np.isfinite(values)
+            caption = f"red: NaN or Inf in {int(nonfinite.sum())} cells" if nonfinite.any() else ""
+            blocks.append(Chart(layer_heatmap_spec(title, stat, len(tensors), log, domain, bool(nonfinite.any())),
+                                {"values": matrix(labels, r.column_steps, values, nonfinite, stat=stat)},
+                                caption=caption, eager=not choices))
         choices.append((f"{collection} · {stat}", blocks))
     columns = max(len(r.column_records) for r in runs)
+    shared = " The colour scale of a statistic is the same for every run: one colour is one value." if len(runs) > 1 else ""
     intro = (f"One row per tensor in the order they were recorded, one column per kept step (at most {columns}, "
              "evenly spread over the run, the last step always). The colour scale is logarithmic when the values "
-             "span more than a factor of 20.")
+             f"are positive and span more than a factor of 20; fractions always run from 0 to 1.{shared} "
+             "A red cell held NaN or Inf.")
     return Section("layers", "Layers over steps", [Choice("statistic", choices)], intro=intro)
 
 
@@ -228,25 +256,36 @@ def distributions(runs: Sequence[RunData], options: ReportOptions) -> Section | 
 
 
 def _histogram_blocks(runs: Sequence[RunData], tensor: str, options: ReportOptions) -> list[Any]:
+    """One histogram heatmap per run holding ``tensor``, all on one value axis (worked out over
+    every run's kept histograms together, so that runs compare at a glance)."""
     blocks: list[Any] = []
+    per_run = []
     for r in runs:
         columns = [(rec.step, rec.histogram(tensor)) for rec in r.histogram_records]
         columns = [(s, h) for s, h in columns if h is not None]
-        if not columns:
-            continue
-        grid_edges, image = heatmap_grid([h.counts for _, h in columns], [h.edges for _, h in columns],
-                                         options.histogram_rows, axis=options.histogram_axis)
-        linthresh = None
-        if options.histogram_axis == "symlog":
-            widths = [float(h.edges[-1] - h.edges[0]) / max(len(h.counts), 1) for _, h in columns]
-            linthresh = float(np.median([w for w in widths if w > 0] or [1.0]))
+        if columns:
+            per_run.append((r, columns))
+    if not per_run:
+        return blocks
+    every = [h for _, columns in per_run for _, h in columns]
+    grid_edges, image = heatmap_grid([h.counts for h in every], [h.edges for h in every], options.histogram_rows,
+                                     axis=options.histogram_axis)
+    linthresh = None
+    if options.histogram_axis == "symlog":
+        widths = [float(h.edges[-1] - h.edges[0]) / max(len(h.counts), 1) for h in every]
+        linthresh = float(np.median([w for w in widths if w > 0] or [1.0]))
+    at = 0
+    for r, columns in per_run:
+        mine = image[:, at:at + len(columns)]
+        at += len(columns)
         title = tensor if len(runs) == 1 else f"{tensor} — {r.name}"
         steps = [s for s, _ in columns]
-        outside = float(np.mean(1.0 - image.sum(axis=0))) if image.size else 0.0
+        outside = float(np.mean(1.0 - mine.sum(axis=0))) if mine.size else 0.0
         caption = (f"{len(steps)} steps; {options.histogram_axis} axis"
+                   + (" (shared by the runs)" if len(per_run) > 1 else "")
                    + (f"; {outside:.1%} of values fall outside the axis on average" if outside > 0.001 else ""))
         blocks.append(Chart(histogram_heatmap_spec(title, options.histogram_axis, linthresh),
-                            {"values": grid(steps, grid_edges, image)}, caption=caption))
+                            {"values": grid(steps, grid_edges, mine)}, caption=caption))
     return blocks
 
 
@@ -293,11 +332,7 @@ def findings(runs: Sequence[RunData], options: ReportOptions) -> Section | None:
     cols: dict[str, list[Any]] = {"run": [], "step": [], "rule": [], "tensor": [], "message": []}
     rows = []
     for r in runs:
-        try:
-            found = r.run.findings()
-        except Exception:  # a store written before findings were stored
-            continue
-        for f in found:
+        for f in sorted(run_health(r).findings, key=lambda f: (f.step, f.rule)):
             cols["run"].append(r.name)
             cols["step"].append(f.step)
             cols["rule"].append(f.rule)
@@ -329,7 +364,8 @@ def findings(runs: Sequence[RunData], options: ReportOptions) -> Section | None:
         blocks.append(Note(f"{len(rows) - MAX_FINDING_ROWS} more findings not listed (all are in the chart; "
                            "`tensorlens rules RUN` prints them)."))
     return Section("findings", "Rule findings", blocks,
-                   intro="What the rules found while the run trained (stored in the run), one tick per finding.")
+                   intro="What the default rules find on the store and what the rules stored while the run trained, "
+                         "one tick per finding.")
 
 
 # ---------------------------------------------------------------------------- per-op scales
@@ -393,6 +429,8 @@ def scales(runs: Sequence[RunData], options: ReportOptions) -> Section | None:
                          "largest value and smallest normal).")
 
 
+register_section("health", health, order=5)
+register_section("differences", differences, order=8)
 register_section("overview", overview, order=10)
 register_section("findings", findings, order=15)
 register_section("layers", layers, order=20)

@@ -44,13 +44,14 @@
     return rows;
   }
   function decodeMatrix(d) {
-    var nCols = d.steps.length, rows = [];
+    var nCols = d.steps.length, rows = [], flagged = new Set(d.nonfinite || []);
     for (var i = 0; i < d.rows.length; i++) {
       for (var c = 0; c < nCols; c++) {
-        var v = d.values[i * nCols + c];
-        if (v === null) continue;
-        rows.push(withConstant({tensor: d.rows[i], step: d.steps[c], step_start: d.starts[c], step_end: d.ends[c],
-                                value: v}, d.constant));
+        var v = d.values[i * nCols + c], bad = flagged.has(i * nCols + c);
+        if (v === null && !bad) continue;
+        var row = {tensor: d.rows[i], step: d.steps[c], step_start: d.starts[c], step_end: d.ends[c], value: v};
+        if (bad) row.nonfinite = "NaN or Inf";
+        rows.push(withConstant(row, d.constant));
       }
     }
     return rows;
