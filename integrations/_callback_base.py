@@ -7,6 +7,7 @@ It imports no framework (each callback combines it with its framework's ``Callba
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -16,6 +17,7 @@ from tensorlens.backends.base import Backend, registered_backends
 from tensorlens.capture.modules import ModuleTaps
 from tensorlens.config import DynamicsConfig, HistogramConfig, ReductionConfig, SaveConfig
 from tensorlens.engine.recorder import Recorder
+from tensorlens.engine.run_names import Naming, named_after
 from tensorlens.modes import ModeKeys
 from tensorlens.options import ENTRY_DEFAULTS, Options, from_keywords
 
@@ -78,6 +80,8 @@ class CallbackBase:
         self.options = opts.replace(backends=check_backends(trackers if opts.backends is None else opts.backends, trackers))
         self._mode_steps: dict[str, int] = {}  # eval/predict counters a later run continues
         self._runs_started = 0
+        self._run_dir: str | None = None  # the folder and name of the first run, continued by later ones
+        self._run_name: str | None = None
         self._warned: set[str] = set()
         self._init_driver()
 
@@ -95,17 +99,30 @@ class CallbackBase:
                 out.append(spec)
         return out or ["local"]
 
+    @property
+    def run_dir(self) -> str | None:
+        """The run folder (``tl.open_run(callback.run_dir)``): the current run's, or the last one's
+        once it has ended; ``None`` before the first run starts."""
+        return self._run_dir
+
     def _start_recorder(
-        self, out_dir: str, backends: list[BackendSpec], run_name: str, resume: str, root: nn.Module, global_step: int,
-        mode: ModeKeys | None = None,
+        self, out_dir: str | None, backends: list[BackendSpec], run_name: str | None, resume: str, root: nn.Module,
+        global_step: int, mode: ModeKeys | None = None, naming: Naming | None = None,
     ) -> Recorder:
-        """A recorder with the module taps of ``root``, at ``global_step``; closed again if its set-up fails."""
+        """A recorder with the module taps of ``root``, at ``global_step``; closed again if its set-up fails.
+        Without ``run_name`` it is named after the first named run of ``naming`` (the user's W&B /
+        MLflow run, logger or arguments), in ``out_dir`` or else a folder of ``naming.runs_dir``. A
+        later run of this callback continues the first one's folder and name."""
+        if self._run_dir is not None:
+            out_dir, run_name = self._run_dir, self._run_name
         # the clipped gradients are the callback's to record (_record_clipped), not the recorder's
         opts = self.options.replace(
             out_dir=out_dir, backends=backends, run_name=run_name, resume=resume, record_clipped_gradients=False,
         )
-        recorder = Recorder(options=opts)
+        with named_after(naming) if naming is not None else contextlib.nullcontext():
+            recorder = Recorder(options=opts)
         self._runs_started += 1
+        self._run_dir, self._run_name = recorder.run_dir, recorder.run_name
         try:
             taps = ModuleTaps(recorder.capture, recorder.warn_once, recorder.dynamics)
             taps.add_root(root)

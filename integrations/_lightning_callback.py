@@ -28,8 +28,21 @@ read gradients too early):
   (still in ``.grad``: ``zero_grad`` runs at the start of the next step), then ``recorder.step()``.
 - ``on_train_epoch_end``: ``recorder.end_epoch(trainer.current_epoch)`` records the epoch aggregates.
 - validation / test (mode ``eval``) and predict (mode ``predict``): one mode step per batch,
-  ``begin_step()`` in ``on_*_batch_start`` and ``end_step()`` in ``on_*_batch_end``. Sanity-check
-  batches are not recorded (Lightning's loggers skip them too).
+  ``begin_step()`` in ``on_*_batch_start``, closed by the next batch's or at the end of the
+  evaluation. Sanity-check batches are not recorded (Lightning's loggers skip them too).
+
+Losses (``losses/loss``, the name in both modes, so train and validation losses pair up as
+``tl.watch(model, loss_fn)``'s do):
+
+- train: the loss ``training_step`` returns (a tensor, or a dict's ``"loss"``), taken in
+  ``on_before_backward`` (the mean over the micro-batches of an accumulated step, undoing
+  Lightning's division by ``accumulate_grad_batches``), in the record of the optimizer step it
+  belongs to: what ``self.log("train_loss", loss)`` shows at the same ``trainer/global_step``;
+- validation / test: the loss each ``validation_step`` / ``test_step`` returns, in its batch's
+  record; if it returns none, the loss the module logs (``self.log("val_loss", ...)``: every
+  metric logged during the evaluation whose name holds ``loss``, as Lightning aggregates it,
+  named without its ``val``/``test`` prefix), in the evaluation's last record, when that batch is
+  a saved eval step. Eval records carry the step Lightning's loggers log the evaluation at.
 """
 
 from __future__ import annotations
@@ -44,9 +57,11 @@ import torch
 
 from tensorlens.backends.base import Backend, backend_class, registered_backends
 from tensorlens.engine.recorder import Recorder
+from tensorlens.engine.run_names import Naming, lightning_logger_runs
 from tensorlens.integrations._callback_base import CLIPPED_GRADIENTS, CallbackBase
+from tensorlens.integrations._step_losses import LOSS_NAME, eval_loss_name, returned_loss
 from tensorlens.modes import ModeKeys
-from tensorlens.store.runs import DEFAULT_RUNS_DIR, default_run_name, folder_name
+from tensorlens.store.runs import DEFAULT_RUNS_DIR
 
 if TYPE_CHECKING:
     pass
@@ -130,6 +145,9 @@ class TensorLensCallbackBase(CallbackBase):
         self._stage: str = "fit"
         self._pl_module: Any = None
         self._prepared = False  # prepare_step ran for the current train step
+        self._batch_losses = False  # an evaluation batch returned its loss
+        self._eval_step = False  # an eval step is open (closed by the next batch's or the evaluation's end)
+        self._metrics_before: dict[str, Any] = {}  # the trainer's callback_metrics when an evaluation began
 
     # ------------------------------------------------------------------ Lightning hooks: lifecycle
 
@@ -147,15 +165,15 @@ class TensorLensCallbackBase(CallbackBase):
         if self._live_hook() is not None or self._pl_module is None:
             return
         pl_module, stage = self._pl_module, self._stage
-        run_dir, run_name = self._run_location(trainer)
+        out_dir, naming = self._run_location(trainer)
         # loggers on ranks > 0 are dummies: only rank 0 writes to trackers
         backends = self._backend_specs(lambda: self._logger_backends(trainer) if trainer.is_global_zero else [])
         # a later stage of this callback (test after fit) or a trainer restoring a checkpoint
         # continues the run it wrote before
         restoring = getattr(trainer, "ckpt_path", None) is not None
         self.hook = self._start_recorder(
-            run_dir, backends, run_name, self._resume(bool(self._runs_started or restoring)), pl_module,
-            trainer.global_step, _STAGE_MODES.get(stage, ModeKeys.TRAIN),
+            out_dir, backends, self.options.run_name, self._resume(bool(self._runs_started or restoring)), pl_module,
+            trainer.global_step, _STAGE_MODES.get(stage, ModeKeys.TRAIN), naming,
         )
         self._prepared = False
 
@@ -202,6 +220,15 @@ class TensorLensCallbackBase(CallbackBase):
         if hook.global_step != trainer.global_step:
             self._sync(trainer, ModeKeys.TRAIN)
         hook.begin_step()
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
+        """The loss ``training_step`` returned (or ``manual_backward`` was given), on saved steps."""
+        hook = self._live_hook()
+        if hook is None or trainer.sanity_checking or not hook.will_save("losses"):
+            return
+        # automatic optimization divides the returned loss by accumulate_grad_batches before backward
+        scale = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
+        hook.add_loss(LOSS_NAME, loss.detach() * scale if scale != 1 else loss)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: torch.optim.Optimizer) -> None:
         hook = self._live_hook()
@@ -265,7 +292,7 @@ class TensorLensCallbackBase(CallbackBase):
     def on_validation_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        self._end_batch(trainer)
+        self._end_batch(trainer, outputs)
 
     def on_test_start(self, trainer: Any, pl_module: Any) -> None:
         self._start_mode(trainer, ModeKeys.EVAL)
@@ -279,7 +306,7 @@ class TensorLensCallbackBase(CallbackBase):
     def on_test_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        self._end_batch(trainer)
+        self._end_batch(trainer, outputs)
 
     def on_predict_start(self, trainer: Any, pl_module: Any) -> None:
         self._start_mode(trainer, ModeKeys.PREDICT)
@@ -293,20 +320,27 @@ class TensorLensCallbackBase(CallbackBase):
     def on_predict_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        self._end_batch(trainer)
+        hook = self._live_hook()
+        if hook is not None and not trainer.sanity_checking:
+            hook.end_step()
 
     def _start_mode(self, trainer: Any, mode: ModeKeys) -> None:
         self._start(trainer)  # validate / test / predict on their own: no on_fit_start
         hook = self._live_hook()
         if hook is None or trainer.sanity_checking:
             return
-        self._sync(trainer, mode)
+        self._sync(trainer, mode, _logged_step(trainer))
+        self._batch_losses = False
+        self._metrics_before = dict(trainer.callback_metrics)
 
     def _end_mode(self, trainer: Any) -> None:
         hook = self._live_hook()
         if hook is None or trainer.sanity_checking:
             return
+        if self._eval_step and hook.mode == ModeKeys.EVAL and not self._batch_losses and hook.will_save("losses"):
+            self._record_logged_losses(hook, trainer)
         hook.end_step()
+        self._eval_step = False
         # back to train when validation ran inside fit; a test/predict stage ends with teardown
         if getattr(trainer.state, "fn", None) == "fit":
             hook.set_mode(ModeKeys.TRAIN)
@@ -315,11 +349,26 @@ class TensorLensCallbackBase(CallbackBase):
         hook = self._live_hook()
         if hook is not None and not trainer.sanity_checking:
             hook.begin_step()
+            self._eval_step = True
 
-    def _end_batch(self, trainer: Any) -> None:
+    def _end_batch(self, trainer: Any, outputs: Any) -> None:
+        """An evaluation batch's loss, if it returned one; its step stays open (closed by the
+        next batch's begin_step or the evaluation's end) for the loss the module logs."""
         hook = self._live_hook()
-        if hook is not None and not trainer.sanity_checking:
-            hook.end_step()
+        if hook is None or trainer.sanity_checking:
+            return
+        loss = returned_loss(outputs)
+        if loss is not None:
+            self._batch_losses = True
+            hook.add_loss(LOSS_NAME, loss)
+
+    def _record_logged_losses(self, hook: Recorder, trainer: Any) -> None:
+        """The losses the module logged during this evaluation (Lightning's aggregates over it)."""
+        before = self._metrics_before
+        for key, value in trainer.callback_metrics.items():
+            name = eval_loss_name(key)
+            if name is not None and before.get(key) is not value and isinstance(value, torch.Tensor):
+                hook.add_loss(name, value)
 
     # ------------------------------------------------------------------ helpers
 
@@ -327,14 +376,15 @@ class TensorLensCallbackBase(CallbackBase):
         hook = self.hook
         return hook if hook is not None and not hook.closed else None
 
-    def _sync(self, trainer: Any, mode: ModeKeys) -> None:
-        """Set the mode and make ``hook.global_step`` equal ``trainer.global_step``."""
+    def _sync(self, trainer: Any, mode: ModeKeys, step: int | None = None) -> None:
+        """Set the mode and make ``hook.global_step`` equal ``step`` (default ``trainer.global_step``)."""
         hook = self._live_hook()
         if hook is None:
             return
         hook.set_mode(mode)
-        if hook.global_step != trainer.global_step:
-            hook.set_step(trainer.global_step)
+        step = trainer.global_step if step is None else step
+        if hook.global_step != step:
+            hook.set_step(step)
 
     def _remember_mode_steps(self, hook: Recorder) -> None:
         for mode in (ModeKeys.EVAL, ModeKeys.PREDICT):
@@ -363,29 +413,27 @@ class TensorLensCallbackBase(CallbackBase):
                     "Use strategy='ddp' (or ModelParallelStrategy, whose FSDP2 shards tensorlens reads)."
                 )
 
-    def _run_location(self, trainer: Any) -> tuple[str, str]:
-        """The run folder and name: decided on rank 0 and broadcast, so every rank of a DDP run
-        writes into the same folder even where a logger's version differs or is unknown."""
+    def _run_location(self, trainer: Any) -> tuple[str | None, Naming]:
+        """The run folder (``None``: one named after the run, under ``default_root_dir``) and the
+        loggers' runs it is named after: decided on rank 0 and broadcast, so every rank of a DDP
+        run writes into the same folder even where a logger's version differs or is unknown."""
         location = None
         if trainer.is_global_zero:
             location = self._local_run_location(trainer)
         location = trainer.strategy.broadcast(location, src=0)
         return location
 
-    def _local_run_location(self, trainer: Any) -> tuple[str, str]:
+    def _local_run_location(self, trainer: Any) -> tuple[str | None, Naming]:
         loggers = list(trainer.loggers)
-        logger = loggers[0] if loggers else None
-        name = self.options.run_name
-        if name is None and logger is not None:
-            name = "-".join(str(p) for p in (logger.name, logger.version) if p not in (None, ""))
-        name = name or default_run_name()
+        # WandbLogger(name=...), MLFlowLogger(run_name=...), else the first logger's name-version
+        naming = Naming(lightning_logger_runs(loggers), os.path.abspath(os.path.join(trainer.default_root_dir, DEFAULT_RUNS_DIR)))
         if self.options.out_dir is not None:
-            return os.path.abspath(os.fspath(self.options.out_dir)), name
+            return os.path.abspath(os.fspath(self.options.out_dir)), naming
         for candidate in loggers:
             log_dir = getattr(candidate, "log_dir", None)
             if isinstance(log_dir, str) and log_dir:
-                return os.path.abspath(os.path.join(log_dir, STORE_FOLDER)), name
-        return os.path.abspath(os.path.join(trainer.default_root_dir, DEFAULT_RUNS_DIR, folder_name(name))), name
+                return os.path.abspath(os.path.join(log_dir, STORE_FOLDER)), naming
+        return None, naming
 
     def _logger_backends(self, trainer: Any) -> list[Backend]:
         """One backend per logger, sharing the logger's own run (``Backend.from_logger`` of every
@@ -411,6 +459,16 @@ class TensorLensCallbackBase(CallbackBase):
                     "only (pass backends=[..., MyBackend()] or register a Backend with from_logger)",
                 )
         return out
+
+
+def _logged_step(trainer: Any) -> int:
+    """The step Lightning's loggers log an evaluation at: inside ``fit`` the optimizer steps
+    counted before the one just taken is (``_batches_that_stepped``, one less than
+    ``global_step`` right after a step), so the evaluation lines up with the train step it follows."""
+    if getattr(getattr(trainer, "state", None), "fn", None) != "fit":
+        return trainer.global_step
+    counted = getattr(getattr(trainer.fit_loop, "epoch_loop", None), "_batches_that_stepped", None)
+    return counted if isinstance(counted, int) else trainer.global_step
 
 
 def missing_namespace(package: str, extra: str, err: ImportError) -> ImportError:

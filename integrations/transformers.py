@@ -26,13 +26,18 @@ Where the Trainer (transformers 5.x) lets it in, for one optimizer step of ``n``
   optimizer will use them, clipped, as the collection ``gradients_clipped``. Without clipping
   (``max_grad_norm=0``), and under fp16 mixed precision (whose gradients are unscaled only
   inside the clipping), gradients are read here;
-- ``on_optimizer_step``: ``recorder.step()`` (updates are taken after the optimizer).
+- ``on_optimizer_step``: the step is complete (updates are taken after the optimizer); it is
+  recorded (``recorder.step()``) at ``on_step_end``, or, on a step the Trainer logs, at ``on_log``
+  with the loss it logs;
 - evaluation and prediction during ``train()`` (mode ``eval``): each batch is one eval step,
-  begun by the model's forward in eval mode and ended by ``on_prediction_step``.
+  begun by the model's forward in eval mode and closed by the next one's or when the
+  evaluation ends (``on_evaluate``), with the evaluation's loss.
 
-The loss is not recorded here: the Trainer logs it to the same trackers itself (a model's
-loss per micro-batch is a share of the step's loss or its mean, depending on how the Trainer
-normalizes it, which a callback cannot see). ``tl.summarize_scalar`` inside ``forward`` works.
+Losses: the loss the Trainer logs (``logs["loss"]`` of ``on_log``: the mean over the steps since
+its last log, as its trackers get it) is ``losses/loss`` of the train record of the step it is
+logged at, every ``logging_steps`` steps that tensorlens saves; the evaluation's ``eval_loss``
+(``on_evaluate``'s metrics) is ``losses/loss`` of its last eval record, when that batch is a saved
+eval step. Both carry the ``global_step`` the Trainer logs them at.
 """
 
 from __future__ import annotations
@@ -49,12 +54,14 @@ import torch
 from torch import nn
 
 from tensorlens._runtime import compiling, in_backward
-from tensorlens.backends.base import Backend, active_run_name
+from tensorlens.backends.base import Backend
 from tensorlens.backends.optional import import_optional
 from tensorlens.engine.recorder import Recorder
+from tensorlens.engine.run_names import Naming, TrackerRun, active_tracker_runs
 from tensorlens.integrations._callback_base import CLIPPED_GRADIENTS, CallbackBase
+from tensorlens.integrations._step_losses import LOSS_NAME, eval_loss_name
 from tensorlens.modes import ModeKeys
-from tensorlens.store.runs import DEFAULT_RUNS_DIR, default_run_name, folder_name
+from tensorlens.store.runs import DEFAULT_RUNS_DIR
 
 transformers = import_optional("transformers", "transformers", "tensorlens.integrations.transformers")
 if not hasattr(transformers.TrainerCallback, "on_pre_optimizer_step"):  # the step boundary it needs
@@ -96,7 +103,8 @@ class TensorLensCallback(CallbackBase, transformers.TrainerCallback):
         out_dir: the run store folder; default ``<output_dir>/tensorlens_runs/<run name>``.
         save_config: a :class:`tensorlens.SaveConfig`, instead of ``save_interval``.
         include_regex: extra parameter/module name patterns, recorded as the ``custom`` collection.
-        run_name: the run's name; default: the active W&B / MLflow run's, else the time.
+        run_name: the run's name; default: ``TrainingArguments.run_name``, else the name of the W&B
+            / MLflow run ``report_to`` started, else the time (see :attr:`run_dir`).
         resume: ``"never"`` (default), ``"allow"`` or ``"must"``, as in :class:`tensorlens.Hook`.
             A second ``trainer.train()`` with the same callback continues its run folder.
         dynamics: ``True`` or a :class:`tensorlens.DynamicsConfig`: also record training dynamics
@@ -128,7 +136,9 @@ class TensorLensCallback(CallbackBase, transformers.TrainerCallback):
         self._prepared = False  # weights and gradients of the current step were read
         self._before_clipping = False  # read them at the end of the backward pass
         self._clipping = False
-        self._eval_open = False
+        self._eval_open = False  # an evaluation batch has begun and not reached on_prediction_step
+        self._awaiting_log = False  # the optimizer stepped; the step is recorded once its loss is logged
+        self._eval_step = False  # an eval step is open in the recorder (until the next begins or on_evaluate)
         self._atexit: Any = None
 
     # ------------------------------------------------------------------ training: begin and end
@@ -156,12 +166,14 @@ class TensorLensCallback(CallbackBase, transformers.TrainerCallback):
 
     def _start(self, args: Any, state: Any, model: nn.Module) -> Recorder:
         options = self.options
-        run_name = options.run_name or active_run_name() or default_run_name()
-        out_dir = options.out_dir or os.path.join(args.output_dir, DEFAULT_RUNS_DIR, folder_name(run_name))
+        # run_name=, else TrainingArguments.run_name (which report_to's trackers name their runs
+        # after), else the W&B / MLflow run they started; the folder under output_dir
+        own = [TrackerRun("transformers", args.run_name)] if args.run_name and args.run_name != args.output_dir else []
+        naming = Naming((*own, *active_tracker_runs()), os.path.abspath(os.path.join(args.output_dir, DEFAULT_RUNS_DIR)))
         # trackers are rank 0's: the Trainer's own callbacks start their runs there only
         backends = self._backend_specs(lambda: self._report_to_backends(args) if state.is_world_process_zero else [])
-        recorder = self._start_recorder(out_dir, backends, run_name, self._resume(self._runs_started > 0),
-                                        _unwrapped(model), state.global_step)
+        recorder = self._start_recorder(options.out_dir, backends, options.run_name, self._resume(self._runs_started > 0),
+                                        _unwrapped(model), state.global_step, naming=naming)
         try:
             ref = weakref.ref(self)  # hooks and atexit must not keep the callback alive
             root = _unwrapped(model)
@@ -180,10 +192,11 @@ class TensorLensCallback(CallbackBase, transformers.TrainerCallback):
     # ------------------------------------------------------------------ training: one optimizer step
 
     def on_step_begin(self, args: Any, state: Any, control: Any, model: nn.Module | None = None, **kwargs: Any) -> None:
+        self._record_step(control)  # a step whose loss was not logged after all
         recorder = self._live()
         if recorder is None:
             return
-        self._eval_open = False  # an evaluation's last step is closed by begin_step
+        self._eval_open = self._eval_step = False  # an evaluation's last step is closed by begin_step
         if recorder.global_step != state.global_step + 1:  # this step's number: what the Trainer reaches with it
             recorder.set_step(state.global_step + 1)
         recorder.begin_step(ModeKeys.TRAIN)
@@ -237,14 +250,37 @@ class TensorLensCallback(CallbackBase, transformers.TrainerCallback):
             self._record_clipped(recorder, _unwrapped(model))
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # recorded at on_step_end, or with the loss the Trainer logs for this step (on_log)
+        self._awaiting_log = self._live() is not None
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not control.should_log:  # (set by the Trainer's flow callback, which runs first)
+            self._record_step(control)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         recorder = self._live()
-        if recorder is not None:
-            recorder.step()  # also takes the rules' actions: a "raise" leaves through the Trainer
-            self._prepared = False
-            if recorder.should_stop:  # a rule with action="stop" fired
-                control.should_training_stop = True
+        if recorder is not None and self._awaiting_log:
+            loss = (logs or {}).get(LOSS_NAME)
+            if isinstance(loss, (int, float)) and not isinstance(loss, bool) and recorder.will_save("losses", ModeKeys.TRAIN):
+                recorder.add_loss(LOSS_NAME, torch.tensor(float(loss), dtype=torch.float64))
+        self._record_step(control)
+
+    def _record_step(self, control: Any) -> None:
+        """Record the train step whose optimizer has stepped, if it waits."""
+        recorder = self._live()
+        if not self._awaiting_log or recorder is None:
+            return
+        self._awaiting_log = False
+        recorder.step()  # also takes the rules' actions: a "raise" leaves through the Trainer
+        self._prepared = False
+        if recorder.should_stop and control is not None:  # a rule with action="stop" fired
+            control.should_training_stop = True
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._record_step(control)
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._record_step(control)
         recorder = self._live()
         if recorder is not None and state.epoch is not None:
             # the Trainer's epoch is a float that reaches n at the end of epoch n - 1
@@ -256,18 +292,29 @@ class TensorLensCallback(CallbackBase, transformers.TrainerCallback):
         recorder = self._live()
         if recorder is None or module.training or self._eval_open or compiling() or in_backward():
             return
+        self._record_step(None)  # an evaluation right after a step that waited for its logged loss
         # the first forward of an evaluation batch (generate() calls it many times: one step still)
         if self._state is not None:
             recorder.set_step(self._state.global_step)
         recorder.begin_step(ModeKeys.EVAL)
-        self._eval_open = True
+        self._eval_open = self._eval_step = True
 
     def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._end_eval_step()
+        # the batch is done; its step stays open until the next batch begins or the evaluation
+        # ends, which brings the loss of the whole evaluation
+        self._eval_open = False
 
-    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._live() is None:
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None,
+                    **kwargs: Any) -> None:
+        recorder = self._live()
+        if recorder is None:
             self._warn_once("evaluate", "trainer.evaluate() outside trainer.train() is not recorded")
+            return
+        if self._eval_step and recorder.will_save("losses", ModeKeys.EVAL):
+            for key, value in (metrics or {}).items():
+                name = eval_loss_name(key) if key.startswith("eval_") else None
+                if name is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    recorder.add_loss(name, torch.tensor(float(value), dtype=torch.float64))
         self._end_eval_step()
 
     def on_predict(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -275,9 +322,9 @@ class TensorLensCallback(CallbackBase, transformers.TrainerCallback):
 
     def _end_eval_step(self) -> None:
         recorder = self._live()
-        if recorder is not None and self._eval_open:
+        if recorder is not None and self._eval_step:
             recorder.end_step()
-            self._eval_open = False
+        self._eval_open = self._eval_step = False
 
     # ------------------------------------------------------------------ helpers
 
@@ -301,6 +348,7 @@ class TensorLensCallback(CallbackBase, transformers.TrainerCallback):
         recorder = self._live()
         if recorder is None:
             return
+        self._record_step(None)
         self._end_eval_step()
         self._close_recorder(recorder)  # a later train() continues its eval/predict counters
 
