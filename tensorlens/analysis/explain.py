@@ -1,0 +1,482 @@
+"""What changed first: ``tl.explain(run)`` names the tensors that left their own trailing behaviour
+earliest and farthest before an event (the first loss spike, the first non-finite value, or a step
+you name), ranked.
+
+The method, in full (``docs/explain.md`` says the same with an example):
+
+1. **Series.** Every statistic in :data:`SCALE_STATISTICS` of every tensor of the train records of
+   one worker, each a series over the saved steps. Losses are the event, not a cause, and
+   ``dynamics/global`` sums every parameter: neither is a candidate. ``nan_count`` and
+   ``inf_count`` (and ``grad_nonfinite_count``) are read as "non-finite from here".
+2. **Event.** With ``at_step``: that saved step (or the last one before it). Otherwise the first
+   saved step at which either a loss (any plain ``losses/*`` value) is non-finite or a NaN/Inf
+   count is above 0 (*non-finite*), or a loss lies above its trailing median by more than
+   ``threshold`` times its trailing scale (*loss spike*; the scale is defined below, with a floor
+   of :data:`LOSS_FLOOR` of the median, so a spike is at least 1.6 times the median with the
+   defaults). A run with neither has no event and no causes.
+3. **Trailing behaviour.** For a series ``x`` and a saved step ``i``: ``m`` is the median and
+   ``s = max(1.4826 * MAD, RELATIVE_FLOOR * |m|)`` the robust scale (MAD: the median absolute
+   deviation from ``m``) of its finite values at the ``window`` saved steps before ``i`` (at least
+   :data:`MIN_HISTORY` of them). The robust z-score is ``z = (x_i - m) / s``; a non-finite value is
+   infinitely far. The floor keeps a statistic that hardly moved (a weight's norm) from turning a
+   rounding-level change into a huge z.
+4. **Onset.** The first saved step ``i`` among the ``lookback`` saved steps before the event (and
+   the event's own) where ``|z| >= threshold`` and the series stays away from that baseline until
+   the event: ``|x_j - m| / s >= threshold / 2`` at every later saved step ``j`` up to the event
+   (``m`` and ``s`` frozen at ``i``). A blip that came back is not an onset.
+5. **Where in a step.** Within one training step, tensors are computed in an order: the weights a
+   step starts from (``weights``, ``biases``, ``optimizer``), the forward pass (``inputs``,
+   ``activations``, ``summaries``) in the order the modules ran, the backward pass (activation and
+   input gradients in the order they arrived, then ``gradients``), then the update
+   (``dynamics/<param>``, ``updates``). The tensor's *phase* in ``[0, 1)`` is its place in that
+   order (see :func:`phase_of`); a NaN that entered at one module is seen first there.
+6. **Score.** ``lead = (event + 1) - (onset + phase)`` in saved steps (how long before the end of
+   the event's step it left), ``strength = log10(1 + min(peak |z|, Z_CAP))`` (peak over onset to
+   event; a non-finite value counts as :data:`Z_CAP`), ``score = lead * strength``. A tensor's
+   cause is its statistic of highest score; causes are sorted by score.
+
+>>> result = tl.explain("tensorlens_runs/exp1")           # doctest: +SKIP
+>>> result.event                                          # doctest: +SKIP
+Event(step=40, kind='non-finite', ...)
+>>> result.causes[0].tensor, result.causes[0].onset_step  # doctest: +SKIP
+('activations/fc3/sample_norm', 40)
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from tensorlens._checks import expected
+from tensorlens.findings import Finding
+from tensorlens.store.reader import Run, open_run
+from tensorlens.store.validate import scalar_values
+
+__all__ = ["Cause", "Event", "Explanation", "attach_causes", "explain", "phase_of"]
+
+#: Statistics that measure a tensor's size (never negative): read on a log scale, so that a
+#: change by a factor counts the same on a weight's norm and on a gradient's.
+SIZE_STATISTICS = frozenset({
+    "l1", "l2", "linf", "std", "abs_mean", "abs_max", "update_l2", "update_ratio", "grad_to_weight", "distance_from_init",
+})
+#: Per-sample norms (``.../sample_norm``) are sizes too: their mean and max are read as such.
+SAMPLE_NORM_STATISTICS = frozenset({"mean", "max"})
+#: Counts of non-finite values: any value above 0 is a departure (and, by default, the event).
+NONFINITE_COUNTS = frozenset({"nan_count", "inf_count", "grad_nonfinite_count"})
+#: The robust scale is never below this: 2 % on the log scale of a size (a factor 1.02), 2 % of
+#: the median's size for a plain value.
+SCALE_FLOOR = 0.02
+#: A loss spike's scale is never below this fraction of the median loss.
+LOSS_FLOOR = 0.1
+#: The least number of finite values before a step for it to have a trailing behaviour.
+MIN_HISTORY = 5
+#: |z| counted for a non-finite value (or a size fallen to exactly 0).
+Z_NONFINITE = 1000.0
+#: 1.4826 * MAD estimates the standard deviation of normally distributed values.
+_MAD_TO_STD = 1.4826
+#: Collections read as the state a step starts from, the forward pass, the backward pass, the update.
+_STATE = ("weights", "biases", "optimizer")
+_FORWARD = ("inputs", "activations", "summaries")
+_BACKWARD = ("activation_gradients", "input_gradients")
+_UPDATE = ("dynamics", "updates")
+_KNOWN = (*_STATE, *_FORWARD, *_BACKWARD, *_UPDATE, "gradients")
+#: Not candidates: the event itself (losses), aggregates of all parameters, epoch aggregates.
+_NOT_CAUSES = ("losses/", "dynamics/global", "epochs/")
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """What happened at ``step``: ``kind`` is ``"non-finite"``, ``"loss spike"`` or ``"given"``
+    (``at_step``). ``tensor``/``statistic``/``value`` show it (the loss and its value; the first
+    tensor holding NaN/Inf and its count)."""
+
+    step: int
+    kind: str
+    tensor: str | None = None
+    statistic: str | None = None
+    value: float | None = None
+    detail: str = ""
+
+    def __str__(self) -> str:
+        what = f"step {self.step} (given)" if self.kind == "given" else f"{self.kind} at step {self.step}"
+        return what + (f": {self.detail}" if self.detail else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Cause:
+    """A tensor that left its trailing behaviour before the event: its ``statistic`` first passed
+    the threshold at ``onset_step``, ``deviation`` robust z-scores at most (``inf``: non-finite),
+    from a trailing median ``baseline`` to ``value`` at the onset. Higher ``score``: earlier and farther."""
+
+    tensor: str
+    statistic: str
+    onset_step: int
+    score: float
+    deviation: float
+    baseline: float
+    value: float
+    lead: float  # saved steps between the onset (with its phase in the step) and the end of the event's step
+
+    def __str__(self) -> str:
+        stat = f" {self.statistic}" if self.statistic else ""
+        return f"{self.tensor}{stat} from step {self.onset_step}"
+
+
+@dataclasses.dataclass
+class Explanation:
+    """What :func:`explain` found: the ``event`` (``None`` when there is none) and its ``causes``,
+    best first. Iterating, indexing and ``len()`` go over the causes; ``message`` says in words."""
+
+    run: str
+    event: Event | None
+    causes: list[Cause]
+    message: str
+    window: int
+    threshold: float
+    steps_read: int
+
+    def __iter__(self) -> Iterator[Cause]:
+        return iter(self.causes)
+
+    def __len__(self) -> int:
+        return len(self.causes)
+
+    def __getitem__(self, index: int) -> Cause:
+        return self.causes[index]
+
+    def summary(self, top: int = 3) -> str:
+        """One line: ``"first to move: gradients/fc3.weight l2 from step 40, ..."``."""
+        if not self.causes:
+            return self.message
+        return "first to move: " + ", ".join(str(c) for c in self.causes[:top])
+
+
+def phase_of(tensor: str, forward_order: dict[str, float]) -> float:
+    """Where in a training step ``tensor`` is computed, in ``[0, 1)``: 0 the weights the step starts
+    from, ``[0.2, 0.4)`` the forward pass (by ``forward_order``, the module's place among those
+    that ran, in ``[0, 1)``), ``[0.4, 0.6)`` activation and input gradients, 0.6 parameter
+    gradients, 0.8 the update; a collection of unknown place (``scalars``, a custom one) 0.5."""
+    kind = _kind_and_rest(tensor)[0]
+    if kind in _STATE:
+        return 0.0
+    if kind in _FORWARD:
+        return 0.2 + 0.2 * forward_order.get(tensor, 0.999)
+    if kind in _BACKWARD:
+        return 0.4 + 0.2 * forward_order.get(tensor, 0.999)
+    if kind == "gradients":
+        return 0.6
+    if kind in _UPDATE:
+        return 0.8
+    return 0.5
+
+
+def _kind_and_rest(tensor: str) -> tuple[str, str]:
+    """``("activations", "fc3/sample_norm")`` of ``"activations/fc3/sample_norm"``; a custom
+    collection holds one kind, named second: ``"attn/gradients/q.weight"`` -> ``("gradients", "q.weight")``."""
+    parts = tensor.split("/", 2)
+    if parts[0] not in _KNOWN and len(parts) == 3 and parts[1] in _KNOWN:
+        return parts[1], parts[2]
+    return parts[0], "/".join(parts[1:])
+
+
+# ---------------------------------------------------------------------------------------- reading
+
+
+_PLAIN, _SIZE, _COUNT = 0, 1, 2
+
+
+def _series_kind(tensor: str, stat: str) -> int | None:
+    """How a statistic is read (:data:`_SIZE` on a log scale, :data:`_PLAIN` as it is,
+    :data:`_COUNT` as non-finite from above 0), or ``None`` when it is not a candidate."""
+    if tensor.startswith(_NOT_CAUSES):
+        return None
+    if stat in NONFINITE_COUNTS:
+        return _COUNT
+    if stat in SIZE_STATISTICS or (stat in SAMPLE_NORM_STATISTICS and tensor.endswith("/sample_norm")):
+        return _SIZE
+    return _PLAIN if stat == "" else None
+
+
+class _Plan:
+    """Where, in the rows of one stored layout, the values this module reads sit."""
+
+    def __init__(self, names: Sequence[tuple[str, str]]) -> None:
+        self.losses = [(i, t) for i, (t, s) in enumerate(names) if t.startswith("losses/") and s == ""]
+        self.counts = [(i, t, s) for i, (t, s) in enumerate(names) if s in NONFINITE_COUNTS]
+        kinds = [_series_kind(t, s) for t, s in names]
+        chosen = [i for i, kind in enumerate(kinds) if kind is not None]
+        self.series = [names[i] for i in chosen]
+        self.kinds = {names[i]: kinds[i] for i in chosen}
+        self.positions = np.asarray(chosen, dtype=np.intp)
+        self.count_at = np.asarray([i for i, _, _ in self.counts], dtype=np.intp)
+        self.tensors = list(dict.fromkeys(t for t, _ in names))
+
+
+def _pick_worker(run: Run, worker: str | None) -> str:
+    workers = run.workers()
+    if not workers:
+        raise ValueError(f"the run {run.path!r} holds no saved step yet")
+    if worker is not None:
+        if worker not in workers:
+            raise expected("worker", f"one of {workers}", worker)
+        return worker
+    return next((w for w in ("worker_0", "reduced") if w in workers), workers[0])
+
+
+def _scalar_rows(run: Run, worker: str, end_step: int | None, last: int | None = None
+                 ) -> Iterator[tuple[int, _Plan, np.ndarray]]:
+    """``(step, plan, values)`` of the train (else global) record of ``worker`` at each saved step up
+    to ``end_step`` (inclusive; only the ``last`` steps with it): the scalars rows only, read one at
+    a time (histograms and raw tensors are never read, and a long run is never held)."""
+    plans: dict[tuple[str, int], _Plan] = {}
+    chosen: dict[int, tuple[Any, ...]] = {}
+    for k, f in enumerate(run._files):  # noqa: SLF001 - this module reads the store's rows as the reader does
+        for s in f.steps().values():
+            if s.mode in ("train", "global") and s.worker == worker and (end_step is None or s.step <= end_step):
+                key = (s.mode != "train", s.mode_step, k)
+                if s.step not in chosen or key < chosen[s.step][0]:
+                    chosen[s.step] = (key, f, s)
+    steps = sorted(chosen)
+    for step in steps[-last:] if last else steps:
+        _, f, s = chosen[step]
+        for _, row in f.rows("scalars", [s]):
+            layout = f.row_layout("scalars", row)
+            plan = plans.get((f.path, row[3]))
+            if plan is None:
+                plan = plans[(f.path, row[3])] = _Plan(layout.names)
+            yield step, plan, scalar_values(f.path, layout, row[4], s.where)
+
+
+def _robust(window: np.ndarray, floor: np.ndarray | float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(median, scale, finite count)`` per column of ``window`` (NaN: not a value); the scale is
+    at least ``floor`` (one per column, or one for all)."""
+    count = np.sum(~np.isnan(window), axis=0)
+    with np.errstate(all="ignore"), _quiet_nan_warnings():
+        median = np.nanmedian(window, axis=0)
+        mad = np.nanmedian(np.abs(window - median), axis=0)
+        scale = np.maximum(_MAD_TO_STD * mad, floor)
+    scale = np.where(scale > 0, scale, np.finfo(np.float64).tiny)
+    return median, scale, count
+
+
+class _quiet_nan_warnings:
+    """nanmedian of an all-NaN column warns; such a column simply has no trailing behaviour."""
+
+    def __enter__(self) -> None:
+        import warnings
+
+        self._catch = warnings.catch_warnings()
+        self._catch.__enter__()
+        warnings.simplefilter("ignore", RuntimeWarning)
+
+    def __exit__(self, *exc: object) -> None:
+        self._catch.__exit__(*exc)
+
+
+class _EventWatch:
+    """The default event, seen step by step: the first non-finite value or loss spike."""
+
+    def __init__(self, window: int, threshold: float) -> None:
+        self.window, self.threshold = window, threshold
+        self.losses: dict[str, collections.deque[float]] = {}
+
+    def check(self, step: int, plan: _Plan, values: np.ndarray) -> Event | None:
+        for i, tensor in plan.losses:
+            if not math.isfinite(values[i]):
+                return Event(step, "non-finite", tensor, "", float(values[i]), f"the loss {tensor} is {values[i]}")
+        if plan.count_at.size:
+            counts = values[plan.count_at]
+            bad = np.flatnonzero(counts > 0)
+            if bad.size:
+                _, tensor, stat = plan.counts[int(bad[0])]
+                return Event(step, "non-finite", tensor, stat, float(counts[bad[0]]),
+                             f"{len({plan.counts[int(b)][1] for b in bad})} tensor(s) hold NaN or Inf, "
+                             f"first recorded: {tensor} ({stat} {counts[bad[0]]:g})")
+        for i, tensor in plan.losses:
+            history = self.losses.setdefault(tensor, collections.deque(maxlen=self.window))
+            value = float(values[i])
+            if len(history) >= MIN_HISTORY:
+                median, scale, _ = _robust(np.asarray(history)[:, None], 0.0)
+                scale = np.maximum(scale, LOSS_FLOOR * np.abs(median))
+                if value > median[0] + self.threshold * scale[0]:
+                    return Event(step, "loss spike", tensor, "", value,
+                                 f"{tensor} {value:.4g} > median {median[0]:.4g} of the previous {len(history)} saved "
+                                 f"steps + {self.threshold:g} x scale {scale[0]:.3g}")
+            history.append(value)
+        return None
+
+
+# ---------------------------------------------------------------------------------------- ranking
+
+
+def _departures(values: np.ndarray, present: np.ndarray, kinds: np.ndarray, window: int, lookback: int,
+                threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per series (columns of ``values``, saved steps as rows, the event last; ``present`` where
+    saved, ``kinds`` how each is read): ``(onset row or -1, |z| at the onset, trailing median)``, the
+    median in the series' own units. See the module docstring, steps 3 and 4."""
+    rows, columns = values.shape
+    event = rows - 1
+    broken = present & ~np.isfinite(values)  # NaN or Inf recorded: away from any behaviour
+    size = kinds == _SIZE
+    with np.errstate(all="ignore"):
+        read = np.where(size, np.log(np.where(values > 0, values, np.nan)), values)
+    collapsed = present & size & (values == 0)  # a size fallen to exactly 0: away, if it had a behaviour
+    usable = np.where(np.isfinite(read), read, np.nan)
+    onset = np.full(columns, -1, dtype=np.intp)
+    jump = np.zeros(columns)
+    baseline = np.full(columns, np.nan)
+    for i in range(max(0, event - lookback), event + 1):
+        todo = onset < 0
+        if not todo.any():
+            break
+        median, scale, count = _robust(usable[max(0, i - window):i], 0.0)
+        scale = np.maximum(scale, np.where(size, SCALE_FLOOR, SCALE_FLOOR * np.abs(median)))
+        scale = np.where(scale > 0, scale, np.finfo(np.float64).tiny)
+        known = count >= MIN_HISTORY
+        with np.errstate(all="ignore"):
+            distance = np.abs(usable[i:] - median) / scale
+        distance = np.where(broken[i:] | (collapsed[i:] & known), np.inf, distance)
+        distance = np.where(kinds == _COUNT, np.where(values[i:] > 0, np.inf, 0.0), distance)
+        has_behaviour = known | (kinds == _COUNT)
+        starts = present[i] & (broken[i] | (has_behaviour & (distance[0] >= threshold)))
+        stays = np.all((distance[1:] >= threshold / 2) | ~present[i + 1:], axis=0)  # NaN distance: not away
+        found = todo & starts & stays
+        onset[found] = i
+        jump[found] = distance[0][found]
+        with np.errstate(all="ignore"):
+            level = np.where(size, np.exp(median), median)
+        baseline[found] = np.where(kinds == _COUNT, 0.0, level)[found]
+    return onset, jump, baseline
+
+
+def _rank(steps: list[int], series: list[tuple[str, str]], kinds: np.ndarray, values: np.ndarray, present: np.ndarray,
+          forward_order: dict[str, float], window: int, lookback: int, threshold: float) -> list[Cause]:
+    onset, jump, baseline = _departures(values, present, kinds, window, lookback, threshold)
+    event = len(steps) - 1
+    best: dict[str, Cause] = {}
+    for k in np.flatnonzero(onset >= 0).tolist():
+        tensor, stat = series[k]
+        lead = (event + 1) - (int(onset[k]) + phase_of(tensor, forward_order))
+        far = min(float(jump[k]), Z_NONFINITE)
+        score = far * math.sqrt(lead)
+        cause = Cause(tensor, stat, steps[int(onset[k])], score, float(jump[k]), float(baseline[k]),
+                      float(values[int(onset[k]), k]), lead)
+        if tensor not in best or score > best[tensor].score or (
+                score == best[tensor].score and kinds[k] == _COUNT):  # "nan_count" says it better than "max"
+            best[tensor] = cause
+    return sorted(best.values(), key=lambda c: (-c.score, c.onset_step, c.tensor))
+
+
+def _forward_order(tensors: Sequence[str]) -> dict[str, float]:
+    """Each forward (or backward) tensor's place in its pass, in ``[0, 1)``: its module's first
+    appearance among the pass's tensors of a record, which lists module outputs (their per-sample
+    norms first) in the order the hooks fired. ``activations/fc3/unit_active_rate`` goes with fc3."""
+    out: dict[str, float] = {}
+    for group in (_FORWARD, _BACKWARD):
+        mine = [t for t in tensors if _kind_and_rest(t)[0] in group]
+        modules = list(dict.fromkeys(_kind_and_rest(t)[1].split("/", 1)[0] for t in mine))
+        place = {m: i / len(modules) for i, m in enumerate(modules)}
+        out.update({t: place[_kind_and_rest(t)[1].split("/", 1)[0]] for t in mine})
+    return out
+
+
+def explain(run: Run | str, at_step: int | None = None, top: int = 10, *, window: int = 20,
+            threshold: float = 6.0, lookback: int | None = None, worker: str | None = None) -> Explanation:
+    """What changed first before an event: the ``top`` tensors ranked by how early and how far they
+    left their own trailing behaviour (the method: :mod:`tensorlens.analysis.explain`).
+
+    The event is the first loss spike or non-finite value of ``run`` (a path or an open run), or
+    the saved step ``at_step`` (the last saved step before it when it was not saved). ``window``
+    saved steps make a statistic's trailing behaviour; ``threshold`` robust z-scores make an onset;
+    onsets are looked for over ``lookback`` saved steps before the event (default: ``window``).
+    A run with no event returns no cause, and says so in ``.message``.
+
+    >>> result = explain("tensorlens_runs/exp1")          # doctest: +SKIP
+    >>> [(c.tensor, c.statistic, c.onset_step) for c in result][:2]   # doctest: +SKIP
+    [('weights/fc3.weight', 'l2', 40), ('activations/fc3/sample_norm', 'max', 40)]
+    """
+    for name, value, least in (("top", top, 1), ("window", window, MIN_HISTORY)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise expected(name, f"an integer >= {least}", value)
+    if lookback is not None and (isinstance(lookback, bool) or not isinstance(lookback, int) or lookback < 0):
+        raise expected("lookback", "None or an integer >= 0", lookback)
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold > 0:
+        raise expected("threshold", "a number > 0", threshold)
+    if at_step is not None and (isinstance(at_step, bool) or not isinstance(at_step, int)):
+        raise expected("at_step", "None or a saved step (an integer)", at_step)
+    lookback = window if lookback is None else lookback
+    opened = not isinstance(run, Run)
+    store = open_run(str(run)) if opened else run
+    try:
+        return _explain(store, at_step, top, window, float(threshold), lookback, _pick_worker(store, worker))
+    finally:
+        if opened:
+            store.close()
+
+
+def _explain(run: Run, at_step: int | None, top: int, window: int, threshold: float, lookback: int,
+             worker: str) -> Explanation:
+    keep = window + lookback + 1
+    recent: collections.deque[tuple[int, _Plan, np.ndarray]] = collections.deque(maxlen=keep)
+    watch = _EventWatch(window, threshold)
+    event: Event | None = None
+    read, losses = 0, set()
+    for step, plan, values in _scalar_rows(run, worker, at_step, keep if at_step is not None else None):
+        read += 1
+        recent.append((step, plan, values))
+        losses.update(t for _, t in plan.losses)
+        if at_step is None:
+            event = watch.check(step, plan, values)
+            if event is not None:
+                break
+    if at_step is not None:
+        if not recent:
+            raise ValueError(f"no saved step at or before step {at_step} in {run.path!r}; saved steps: "
+                             f"{run.steps()[:3]}...")
+        event = Event(recent[-1][0], "given", detail=f"asked for step {at_step}" if recent[-1][0] != at_step else "")
+    if event is None:
+        what = (f"no loss spike and no NaN/Inf in {read} saved steps (losses read: {', '.join(sorted(losses))})"
+                if losses else f"no NaN/Inf in {read} saved steps, and no loss was recorded to look for a spike in "
+                               "(tl.watch(model, loss_fn) or hook.register_loss records one)")
+        return Explanation(run.path, None, [], f"no event: {what}", window, threshold, read)
+    steps = [s for s, _, _ in recent]
+    series = list(dict.fromkeys(name for _, plan, _ in recent for name in plan.series))
+    column = {name: i for i, name in enumerate(series)}
+    kinds = np.zeros(len(series), dtype=np.intp)
+    values = np.full((len(recent), len(series)), np.nan)
+    present = np.zeros(values.shape, dtype=bool)
+    for row, (_, plan, found) in enumerate(recent):
+        at = [column[n] for n in plan.series]
+        values[row, at] = found[plan.positions]
+        present[row, at] = True
+        kinds[at] = [plan.kinds[n] for n in plan.series]
+    causes = _rank(steps, series, kinds, values, present, _forward_order(recent[-1][1].tensors), window, lookback, threshold)
+    message = (f"{event}; " + (f"{len(causes)} tensor(s) left their trailing behaviour before it" if causes
+                               else "no tensor left its trailing behaviour before it"))
+    return Explanation(run.path, event, causes[:top], message, window, threshold, read)
+
+
+def attach_causes(findings: Iterable[Finding], run: Run | str, top: int = 3,
+                  rules: Sequence[str] = ("NonFiniteGradient", "GradientNormSpike", "LossSpike")) -> list[Finding]:
+    """``findings`` with the ``top`` causes of each finding of ``rules`` appended to its message
+    (``"...; first to move: gradients/fc3.weight l2 from step 40, ..."``), explained at the
+    finding's step; other findings unchanged. One explanation per step, however many findings."""
+    findings = list(findings)
+    wanted = {f.step for f in findings if f.rule in rules and getattr(f, "evaluated", True)}
+    if not wanted:
+        return findings
+    opened = not isinstance(run, Run)
+    store = open_run(str(run)) if opened else run
+    try:
+        said = {step: explain(store, at_step=step, top=top).summary(top) for step in sorted(wanted)}
+    finally:
+        if opened:
+            store.close()
+    return [dataclasses.replace(f, message=f"{f.message}; {said[f.step]}")
+            if f.step in said and f.rule in rules and getattr(f, "evaluated", True) and not f.message.endswith(said[f.step])
+            else f for f in findings]
