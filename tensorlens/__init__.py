@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 # torch (about 2 s) through this file. Each name maps to the module that defines it.
 _LAZY: dict[str, str] = {
     "compare_runs": "tensorlens.analysis.compare",
+    "explain": "tensorlens.analysis.explain",
     "create_trial": "tensorlens.analysis.trial",
     "Backend": "tensorlens.backends.base",
     "RunInfo": "tensorlens.backends.base",
@@ -64,6 +65,7 @@ _SUBMODULES = ("modes", "rules", "integrations")
 if TYPE_CHECKING:  # what type checkers and editors see: the same names, imported eagerly
     from tensorlens import modes, rules
     from tensorlens.analysis.compare import compare_runs
+    from tensorlens.analysis.explain import explain
     from tensorlens.analysis.trial import create_trial
     from tensorlens.backends.base import Backend, RunInfo, register_backend, registered_backends
     from tensorlens.backends.memory import MemoryBackend
@@ -118,6 +120,7 @@ __all__ = [
     "TensorView",
     "compare_runs",
     "create_trial",
+    "explain",
     "explore",
     "modes",
     "open_run",

@@ -7,6 +7,7 @@
     tensorlens export RUN --format csv|parquet       tidy: step, mode, mode_step, worker, tensor, statistic, value
     tensorlens rules RUN [--rule SPEC ...] [--check]  run rules over a stored run
     tensorlens compare RUN_A RUN_B [--check]         where two runs diverge
+    tensorlens explain RUN [--step N] [--top K]      what changed first before a loss spike or NaN
     tensorlens sync RUN --to NAME                    replay a stored run into a tracker or your backend (again: only new steps)
     tensorlens wandb-install-chart --entity E        the W&B histogram-heatmap custom chart
     tensorlens --version                             (also: python -m tensorlens --version)
@@ -41,6 +42,7 @@ COMMANDS: dict[str, str] = {
     "export": "tensorlens.cli.export",
     "rules": "tensorlens.cli.rules",
     "compare": "tensorlens.cli.compare",
+    "explain": "tensorlens.cli.explain",
     "sync": "tensorlens.cli.sync",
     "wandb-install-chart": "tensorlens.cli.wandb_chart",
 }
