@@ -9,6 +9,8 @@ import hashlib
 import re
 
 from tensorlens.modes import ModeKeys
+from tensorlens.dispatch.epochs import AGGREGATES
+from tensorlens.stats.derived import GLOBAL_STATISTICS, PARAMETER_STATISTICS, UNDEFINED_COUNT, UNIT_STATISTICS
 from tensorlens.stats.registry import STATISTICS
 
 #: Quantile metrics sent for every histogram: ``(metric suffix, level)``.
@@ -108,10 +110,20 @@ def _hashed(key: str, identity: str, length: int) -> str:
     return mlflow_metric_key(key)[: MAX_KEY_LENGTH - len(suffix)] + suffix
 
 
-#: Names that end a ``<tensor>/<name>`` series: the statistics (any the engine records, with their
-#: ``abs_`` forms) and the quantile suffixes. A plain scalar whose name ends in one of them
-#: (``summarize_scalar("grad/l2")``) could be mistaken for a statistic of a tensor, so it is the one
-#: that gets a hash suffix (see :meth:`MLflowBackend.metric_key`).
-SERIES_SUFFIXES: frozenset[str] = frozenset([*STATISTICS, *(suffix for suffix, _ in QUANTILES)])
+#: Names that end a ``<tensor>/<name>`` series: every statistic the engine records (those of
+#: :mod:`tensorlens.stats.registry` with their ``abs_`` forms, the quantile suffixes, the derived
+#: statistics of :mod:`tensorlens.stats.derived`) and their epoch aggregates (``l2_mean``, ...). A
+#: ``<tensor>/<stat>`` series keeps its readable key when its statistic is one of them; a plain
+#: scalar of three or more parts that ends in one (``summarize_scalar("grad/l2")`` beside
+#: ``summarize_tensor("grad")``'s ``l2``) is the one that gets a hash suffix (see
+#: :meth:`MLflowBackend.metric_key`). Derived statistics were missing here once, which gave every
+#: ``dynamics/global/grad_norm`` a suffix.
+_BASE_STATISTICS = frozenset([
+    *STATISTICS, *(suffix for suffix, _ in QUANTILES), *PARAMETER_STATISTICS, *GLOBAL_STATISTICS,
+    *UNIT_STATISTICS, UNDEFINED_COUNT,
+])
+SERIES_SUFFIXES: frozenset[str] = _BASE_STATISTICS | frozenset(
+    f"{stat}_{aggregate}" for stat in _BASE_STATISTICS for aggregate in AGGREGATES
+)
 MODE_NAMES = frozenset(str(mode) for mode in ModeKeys)
 WORKER_INFIX = re.compile(r"^worker_\d+$")

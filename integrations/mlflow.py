@@ -391,7 +391,10 @@ class MLflowBackend(Backend):
         canonical = (
             all(part in MODE_NAMES or WORKER_INFIX.match(part) for part in infix)
             and first not in MODE_NAMES and not WORKER_INFIX.match(first)
-            and (stat in SERIES_SUFFIXES if stat else "/" not in tensor or last not in SERIES_SUFFIXES)
+            # "<collection>/<name>/<stat>" against a plain scalar "<collection>/<name>/<stat>": the
+            # statistic side needs a tensor of two parts or more, so only plain scalars of three
+            # parts or more that end in a statistic name can meet it
+            and (stat in SERIES_SUFFIXES and "/" in tensor if stat else tensor.count("/") < 2 or last not in SERIES_SUFFIXES)
         )
         # the identity is the structure, so "eval" + "x" and a collection "eval/x" stay apart
         identity = json.dumps([self.prefix, str(ModeKeys.coerce(mode)), named_worker, tensor, stat])

@@ -428,7 +428,11 @@ def _series(rng: random.Random, count: int) -> list[tuple[str, str, str, str]]:
     ``tensorlens.backends.keys``), so they are one series here, drawn as either.
     """
     collections = ["weights", "gradients", "summaries", "scalars", "eval", "worker_1", "train", "attn/weights", "a@b"]
-    stats = [*sorted(SERIES_SUFFIXES), "", "", "", "lr", "x-deadbeef", "odd[0]"]
+    # a few statistics of each kind (tensor, quantile, derived, epoch aggregate): with all of them
+    # the names would rarely meet
+    known = ["l2", "mean", "numel", "abs_max", "p50", "p99", "grad_norm", "update_ratio", "dead_fraction", "l2_mean", "mean_std"]
+    assert set(known) <= SERIES_SUFFIXES
+    stats = [*known, "", "", "", "lr", "x-deadbeef", "odd[0]"]
     found: dict[tuple[str, str, str, str], tuple[str, str, str, str]] = {}
     while len(found) < count:
         name = "".join(rng.choice(_HOSTILE) for _ in range(rng.randint(0, 3)))
@@ -479,7 +483,18 @@ def test_readable_series_keep_readable_keys() -> None:
     assert backend.metric_key("summaries/grad", "l2") == "tensorlens/summaries/grad/l2"
     assert re.fullmatch(r"tensorlens/summaries/grad/l2-[0-9a-f]{8}", backend.metric_key("summaries/grad/l2"))
     assert re.fullmatch(r"tensorlens/eval/x/l2-[0-9a-f]{8}", backend.metric_key("eval/x", "l2"))
-    assert backend.metric_key("x", "l2", "eval") == "tensorlens/eval/x/l2"
+    assert backend.metric_key("x", "l2", "eval") != "tensorlens/eval/x/l2"  # a tensor of one part: not the engine's
+    # what the engine records is never hashed: derived statistics, epoch aggregates, plain scalars
+    # of two parts whose name is a statistic's (they cannot meet a "<collection>/<tensor>/<stat>")
+    for tensor, stat, mode in [
+        ("dynamics/global", "grad_norm", "train"), ("dynamics/fc1.weight", "update_ratio", "train"),
+        ("activations/relu", "dead_fraction", "eval"), ("epochs/gradients/fc1.weight", "l2_mean", "epoch"),
+        ("epochs/dynamics/global", "grad_norm_max", "epoch"), ("epochs/losses/loss", "mean", "epoch"),
+        ("scalars/grad_norm", "", "train"), ("losses/l2", "", "train"), ("dynamics/global", "undefined_count", "train"),
+    ]:
+        expected = "/".join(p for p in ("tensorlens", "" if mode == "train" else mode, tensor, stat) if p)
+        assert backend.metric_key(tensor, stat, mode) == expected
+    assert backend.metric_key("x/l2", None, "eval") == "tensorlens/eval/x/l2"
 
 
 def test_quantiles_match_a_reference_loop() -> None:
