@@ -8,8 +8,8 @@ from __future__ import annotations
 import hashlib
 import re
 
-from tensorlens.modes import ModeKeys
 from tensorlens.dispatch.epochs import AGGREGATES
+from tensorlens.modes import ModeKeys
 from tensorlens.stats.derived import GLOBAL_STATISTICS, PARAMETER_STATISTICS, UNDEFINED_COUNT, UNIT_STATISTICS
 from tensorlens.stats.registry import STATISTICS
 
