@@ -16,7 +16,7 @@ recorded only on request (activations, dynamics, updates) and join when the run 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tensorlens.rules.base import Rule
@@ -27,9 +27,12 @@ from tensorlens.rules.params import collection_of, kind_of
 def recorded_kinds(recorded: Any) -> set[str]:
     """The kinds of tensors ``recorded`` holds: a stored run (a :class:`~tensorlens.Run` or its
     folder) by the names it holds; recording options (a :class:`tl.Options`, or anything with
-    ``.options`` such as a Hook) by the collections they record; or an iterable of kind names."""
+    ``.options`` such as a Hook) or the ``config`` of a run's metadata by the collections they
+    record; or an iterable of kind names."""
     from tensorlens.store.reader import Run, open_run  # only a run read from disk needs the store
 
+    if isinstance(recorded, Mapping) and "collections" in recorded:  # metadata's config
+        return {str(c) for c in recorded["collections"]} | ({"dynamics"} if recorded.get("dynamics") else set())
     if isinstance(recorded, (str, os.PathLike)):
         with open_run(os.fspath(recorded)) as run:
             return recorded_kinds(run)

@@ -269,7 +269,10 @@ class UpdateRatioOutOfRange(_UpdateRatioRule):
 
     The defaults bracket the usual 1e-3 by three decades below (a frozen or starved layer, an
     update of exactly 0, fires) and two above (a learning rate that makes each step move a weight
-    by more than a tenth of its size). Weights of norm 0 have no ratio and are skipped.
+    by more than a tenth of its size). Weights of norm 0 have no ratio and are skipped. Without
+    ``tensor_regex``, parameters named like biases (``in_proj_bias`` of attention is recorded
+    among weights) are left out: they start at 0, so their ratio starts near 1 with every
+    optimizer and says nothing about the learning rate.
     """
 
     def __init__(self, low: Any = 1e-6, high: Any = 0.1, tensor_regex: Any = None, **kwargs: Any) -> None:
@@ -278,7 +281,7 @@ class UpdateRatioOutOfRange(_UpdateRatioRule):
         if self.high < self.low:
             raise expected("high", f">= low ({self.low:g})", high)
         self.tensor_regex = tensor_regex
-        self._selection = Selection(None, tensor_regex)
+        self._selection = Selection(None, tensor_regex, default=lambda t: "bias" not in t.rpartition(".")[2])
         super().__init__(**kwargs)
 
     def invoke_at_step(self, record: StepRecord) -> list[Finding]:

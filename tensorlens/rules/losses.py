@@ -86,7 +86,14 @@ class LossNotDecreasing(Rule):
     arrives, the window before is complete and its mean is compared with the mean of the last
     earlier window that holds a loss; the finding is made at that arriving record. A mean over a
     window is steadier than the single loss SageMaker compares, and is that loss when a window
-    holds one save (``save_interval >= num_steps``). ``mode``: only records of that mode;
+    holds one save (``save_interval >= num_steps``).
+
+    A rise must also stand out of the loss's own noise: exceed ``noise_tolerance`` standard errors
+    of the difference of the two means, with the loss's noise estimated from the changes between
+    consecutive saved losses (robustly: 1.4826 times their median absolute deviation, over
+    ``sqrt(2)``; the last 256). A minibatch loss varies by tens of percent from batch to batch, so
+    without this a healthy run fires; ``noise_tolerance=0`` compares the means alone, as SageMaker.
+    Until three changes are known a rise is not judged. ``mode``: only records of that mode;
     ``None``: train losses (global ones for records without a mode); eval losses only with
     ``mode="eval"``, as a window of eval steps compares batches of one evaluation.
     """
@@ -95,20 +102,24 @@ class LossNotDecreasing(Rule):
 
     def __init__(self, collection_names: Any = None, tensor_regex: Any = None, use_losses_collection: Any = True,
                  num_steps: Any = 10, diff_percent: Any = 0.1, increase_threshold_percent: Any = 5,
-                 mode: ModeKeys | str | None = None, **kwargs: Any) -> None:
+                 mode: ModeKeys | str | None = None, noise_tolerance: Any = 3.0, **kwargs: Any) -> None:
         self.collection_names, self.tensor_regex = collection_names, tensor_regex
         self.use_losses_collection = to_bool("use_losses_collection", use_losses_collection)
         self.num_steps = to_int("num_steps", num_steps, minimum=1)
         self.diff_percent = to_float("diff_percent", diff_percent, minimum=0.0, maximum=100.0)
         self.increase_threshold_percent = to_float("increase_threshold_percent", increase_threshold_percent, minimum=0.0)
         self.mode = None if mode is None else ModeKeys.coerce(mode)
+        self.noise_tolerance = to_float("noise_tolerance", noise_tolerance, minimum=0.0)
         self._selection = _loss_selection(collection_names, tensor_regex, self.use_losses_collection)
         super().__init__(**kwargs)
 
     def reset(self) -> None:
-        # (worker, mode, tensor) -> the window being filled, and the last complete one
+        # (worker, mode, tensor) -> the window being filled, the last complete one, the last loss
+        # and the latest changes between consecutive saved losses (the loss's noise)
         self._open: dict[tuple[str, str, str], _Window] = {}
         self._done: dict[tuple[str, str, str], _Window] = {}
+        self._last: dict[tuple[str, str, str], float] = {}
+        self._changes: dict[tuple[str, str, str], collections.deque[float]] = {}
 
     def invoke_at_step(self, record: StepRecord) -> list[Finding]:
         if not _wanted(self.mode, record):
@@ -119,6 +130,9 @@ class LossNotDecreasing(Rule):
             if not math.isfinite(loss):
                 continue  # an infinite loss is LossSpike's and ExplodingTensor's business, not a window's mean
             key = (record.worker, record.mode.value, tensor)
+            if key in self._last:
+                self._changes.setdefault(key, collections.deque(maxlen=256)).append(loss - self._last[key])
+            self._last[key] = loss
             index = record.mode_step // self.num_steps
             window = self._open.get(key)
             if window is not None and index == window.index:
@@ -127,14 +141,22 @@ class LossNotDecreasing(Rule):
             if window is not None:  # the window before this loss is complete
                 before = self._done.get(key)
                 if before is not None:
-                    found = self._compare(record, tensor, before, window)
+                    found = self._compare(record, tensor, before, window, self._noise(key))
                     if found is not None:
                         out.append(found)
                 self._done[key] = window
             self._open[key] = _Window(index, record.mode_step, loss)
         return out
 
-    def _compare(self, record: StepRecord, tensor: str, before: _Window, now: _Window) -> Finding | None:
+    def _noise(self, key: tuple[str, str, str]) -> float | None:
+        """The standard deviation of one saved loss around its trend, or ``None`` while unknown."""
+        changes = self._changes.get(key, ())
+        if len(changes) < 3:
+            return None
+        middle = statistics.median(changes)
+        return 1.4826 * statistics.median(abs(c - middle) for c in changes) / math.sqrt(2.0)
+
+    def _compare(self, record: StepRecord, tensor: str, before: _Window, now: _Window, noise: float | None) -> Finding | None:
         span = f"from {before.describe()} to {now.describe()}"
         if before.mean == 0:
             return None if now.mean <= 0 else self.finding(record, tensor, f"mean loss rose from 0: {span}", now.mean)
@@ -143,8 +165,14 @@ class LossNotDecreasing(Rule):
             return self.finding(record, tensor, f"mean loss decreased by only {decrease:.3g}% {span} "
                                                 f"(< diff_percent {self.diff_percent:g}%)", now.mean)
         if -decrease > self.increase_threshold_percent:
+            rise = now.mean - before.mean
+            error = None if noise is None else noise * math.sqrt(1.0 / now.count + 1.0 / before.count)
+            if self.noise_tolerance > 0 and (error is None or rise <= self.noise_tolerance * error):
+                return None  # within the loss's noise (or its noise is not known yet)
+            beyond = "" if error is None else f", {rise / error:.3g} standard errors" if error > 0 else ", the loss had no noise"
             return self.finding(record, tensor, f"mean loss increased by {-decrease:.3g}% {span} "
-                                                f"(> increase_threshold_percent {self.increase_threshold_percent:g}%)", now.mean)
+                                                f"(> increase_threshold_percent {self.increase_threshold_percent:g}%{beyond})",
+                                now.mean)
         return None
 
 

@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from tensorlens._checks import expected
@@ -31,9 +31,13 @@ from tensorlens.backends.base import Backend, RunInfo
 from tensorlens.findings import Finding
 from tensorlens.records import StepRecord
 from tensorlens.rules.base import Rule
+from tensorlens.rules.defaults import default_rules, recorded_kinds
 from tensorlens.rules.exceptions import RuleEvaluationConditionMet, RuleWarning
+from tensorlens.rules.params import collection_of, kind_of
 
 logger = logging.getLogger("tensorlens.rules")
+#: ``rules=DEFAULT``: the default rules for what the run records, chosen when it opens.
+DEFAULT = "default"
 
 
 class RuleRunner(Backend):
@@ -41,6 +45,9 @@ class RuleRunner(Backend):
 
     Created by ``tl.watch(..., rules=[...])`` and the hooks' ``rules=`` argument, or by hand and
     passed in ``backends=[...]``. Only rank 0 of a distributed run checks rules.
+    ``rules="default"`` (:data:`DEFAULT`): the default rules for what the run records
+    (:func:`~tensorlens.rules.defaults.default_rules`), chosen when the run opens, from the
+    collections its metadata names (else from its first record).
     """
 
     name: ClassVar[str] = "rules"
@@ -49,11 +56,14 @@ class RuleRunner(Backend):
     main_process_only: ClassVar[bool] = True
     produces_findings: ClassVar[bool] = True
 
-    def __init__(self, rules: Rule | Sequence[Rule]) -> None:
+    def __init__(self, rules: Rule | Sequence[Rule] | str) -> None:
+        self._choose_defaults = isinstance(rules, str) and rules == DEFAULT
+        if self._choose_defaults:
+            rules = []
         if isinstance(rules, Rule):
             rules = [rules]
         if isinstance(rules, (str, bytes)) or not isinstance(rules, Iterable):
-            raise expected("rules", "a list of tensorlens rules (tensorlens.rules.Rule instances)", rules)
+            raise expected("rules", f"a list of tensorlens rules (tensorlens.rules.Rule instances) or {DEFAULT!r}", rules)
         self.rules: list[Rule] = list(rules)
         for rule in self.rules:
             if not isinstance(rule, Rule):
@@ -76,12 +86,19 @@ class RuleRunner(Backend):
         self._sink = sink
 
     def open(self, run: RunInfo) -> None:
+        config = run.metadata.get("config") if isinstance(run.metadata, Mapping) else None
+        if self._choose_defaults and isinstance(config, Mapping) and "collections" in config:
+            self._choose_defaults = False
+            self.rules = default_rules(recorded_kinds(config))
         polls = [rule.idle_poll for rule in self.rules if rule.idle_poll is not None]
         if polls and self._idle_thread is None:
             self._idle_thread = threading.Thread(target=self._idle_loop, args=(min(polls),), name="tensorlens-rules-idle", daemon=True)
             self._idle_thread.start()
 
     def write(self, record: StepRecord) -> None:
+        if self._choose_defaults:  # no metadata said what is recorded: the first record does
+            self._choose_defaults = False
+            self.rules = default_rules({kind_of(t) or collection_of(t) for t, _ in record.scalar_names})
         for rule in self.rules:
             self._emit(rule, self._call(rule, "invoke_at_step", lambda rule=rule: rule.evaluate(record)))
 
