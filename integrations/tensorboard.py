@@ -12,15 +12,16 @@ from __future__ import annotations
 import math
 import os
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, ReplayRun, RunInfo
-from tensorlens.backends.keys import tracker_key
+from tensorlens.backends.keys import global_key, histogram_key, panel_key, tracker_key
 from tensorlens.backends.optional import import_optional, is_lightning_logger
+from tensorlens.backends.payload import LayerPanel, check_tracker_stats
 from tensorlens.engine.metadata import flatten
 from tensorlens.findings import Finding
 from tensorlens.modes import ModeKeys
@@ -53,12 +54,26 @@ class TensorBoardBackend(Backend):
             ``add_scalar``, ``add_histogram_raw`` and ``flush``, e.g. a tensorboardX writer) to
             write into instead, such as Lightning's ``TensorBoardLogger.experiment``. It is
             flushed but never closed: it belongs to the caller.
-        prefix: first part of every tag, so TensorBoard groups tensorlens' charts together;
-            ``""`` groups them by collection instead.
+        prefix: the first part of every group's name (``tensorlens``, ``tensorlens-gradients``);
+            ``""`` names the groups by collection alone.
+        tracker_stats: what this backend writes of each record: ``"default"``, ``"all"`` or
+            statistic names (:mod:`tensorlens.backends.payload`); default ``None``: the run's
+            ``tracker_stats`` option, else ``$TENSORLENS_TRACKER_STATS``, else ``"default"``.
 
-    Tags are ``"{prefix}/{collection}/{tensor}/{stat}"`` for scalars and
-    ``"{prefix}/{collection}/{tensor}"`` for histograms; records of the ``eval``, ``predict``
-    and ``global`` modes get the mode after the prefix (``tensorlens/eval/activations/fc1/max``).
+    Tags follow :mod:`tensorlens.backends.keys`, so TensorBoard's groups (a tag's first path
+    component) are one per collection with the run's global values first:
+    ``tensorlens/dynamics/global/grad_norm``, ``tensorlens/nonfinite_count``,
+    ``tensorlens-gradients/fc1.weight/histogram``, ``tensorlens-losses/train_loss``, and with
+    ``tracker_stats="all"`` every statistic (``tensorlens-gradients/fc1.weight/l2``); records of the
+    ``eval``, ``predict``, ``epoch`` and ``global`` modes get the mode in the group's name
+    (``tensorlens-eval-activations/fc1/max``).
+
+    One statistic of every layer of a collection (the payload's panels: per-layer ``l2``, update
+    ratio, dead fraction) is one histogram card, ``tensorlens-gradients/per-layer/l2``: the layers
+    lie along the x-axis in model order (layer ``i`` is the bucket from ``i`` to ``i + 1``), the
+    bucket's height is the layer's value, one ridge per saved step (HISTOGRAMS tab; "offset" view
+    shows the profile over time). Which layer is which is the text ``.../per-layer/l2/layers``
+    (TEXT tab), written when the layers change.
     Train and global records are written at the global step, eval and predict records at their
     mode step (one point per saved batch instead of a stack of points at one global step).
     Rule findings are text entries tagged ``"{prefix}/rules/{rule}"``.
@@ -89,6 +104,7 @@ class TensorBoardBackend(Backend):
         log_dir: str | os.PathLike[str] | None = None,
         writer: Any | None = None,
         prefix: str = "tensorlens",
+        tracker_stats: str | Sequence[str] | None = None,
     ) -> None:
         if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
             raise expected("log_dir", "None or a path", log_dir)
@@ -99,12 +115,14 @@ class TensorBoardBackend(Backend):
                 raise expected("log_dir", "None when `writer` is given (the writer has its own log_dir)", log_dir)
         if not isinstance(prefix, str) or prefix.startswith("/") or prefix.endswith("/") or "//" in prefix:
             raise expected("prefix", "a string without leading, trailing or doubled '/'", prefix)
+        self.tracker_stats = check_tracker_stats("tracker_stats", tracker_stats)
         writer_class = _summary_writer_class()  # fail at construction, not on the background thread
         self._writer_class = writer_class
         self._log_dir = os.fspath(log_dir) if log_dir is not None else None
         self._writer: Any | None = writer
         self._owns_writer = writer is None
         self.prefix = prefix
+        self._panel_layers: dict[str, tuple[str, ...]] = {}  # panel tag -> the layers last described
 
     @property
     def log_dir(self) -> str | None:
@@ -118,6 +136,7 @@ class TensorBoardBackend(Backend):
         return self._writer
 
     def open(self, run: RunInfo) -> None:
+        self.open_payload(run)
         if self._writer is not None:
             return
         log_dir = self._log_dir or os.path.join(run.run_dir, "tensorboard")
@@ -183,7 +202,7 @@ class TensorBoardBackend(Backend):
         assert self._writer is not None, "TensorBoardBackend.write_metadata before open"
         flat = flatten(metadata)
         rows = "\n".join(f"| {key} | {_markdown(value)} |" for key, value in flat.items())
-        self._writer.add_text(f"{self.prefix}/metadata" if self.prefix else "metadata", f"| key | value |\n|---|---|\n{rows}", 0)
+        self._writer.add_text(global_key(self.prefix, ModeKeys.TRAIN, None, "metadata"), f"| key | value |\n|---|---|\n{rows}", 0)
         file_writer = self._fast_file_writer()
         if file_writer is not None:
             from torch.utils.tensorboard.summary import hparams
@@ -194,8 +213,17 @@ class TensorBoardBackend(Backend):
     def write(self, record: StepRecord) -> None:
         assert self._writer is not None, "TensorBoardBackend.write before open"
         step = record.mode_step if record.mode in _MODE_STEP_MODES else record.step
-        scalars = [(self.tag(entry.key, record.mode, record.worker), entry.value) for entry in record.scalars]
-        histograms = [(self.tag(h.tensor, record.mode, record.worker), *_buckets(h)) for h in record.histograms]
+        mode, worker, prefix = record.mode, record.worker, self.prefix
+        payload = self.payload(record)
+        scalars = [(tracker_key(prefix, mode, worker, key), value) for key, value in payload.scalars]
+        scalars += [(global_key(prefix, mode, worker, name), value) for name, value in payload.globals]
+        histograms = [(histogram_key(prefix, mode, worker, h.tensor), *_buckets(h)) for h in payload.histograms]
+        for panel in payload.panels:
+            tag = panel_key(prefix, mode, worker, panel.collection, panel.stat)
+            histograms.append((tag, *_profile_buckets(panel)))
+            if self._panel_layers.get(tag) != panel.layers and callable(getattr(self._writer, "add_text", None)):
+                self._panel_layers[tag] = panel.layers
+                self._describe_layers(tag, panel, step)
         file_writer = self._fast_file_writer()
         if file_writer is not None:
             # One event per record instead of one per value: ~50x cheaper than add_scalar for
@@ -224,7 +252,12 @@ class TensorBoardBackend(Backend):
         step = finding.mode_step if finding.mode in _MODE_STEP_MODES and finding.mode_step is not None else finding.step
         where = f" `{finding.tensor}`" if finding.tensor else ""
         text = f"**{finding.rule}** at {finding.mode.value} step {step}{where}: {finding.message}"
-        self._writer.add_text(self.tag(f"rules/{finding.rule}", ModeKeys.TRAIN), text, global_step=step)
+        self._writer.add_text(global_key(self.prefix, ModeKeys.TRAIN, None, f"rules/{finding.rule}"), text, global_step=step)
+
+    def _describe_layers(self, tag: str, panel: LayerPanel, step: int) -> None:
+        rows = "\n".join(f"| {depth} | {_markdown(layer)} |" for depth, layer in enumerate(panel.layers))
+        text = f"{panel.collection} {panel.stat}: layer `i` is the bucket from i to i + 1\n\n| i | layer |\n|---|---|\n{rows}"
+        self._writer.add_text(f"{tag}/layers", text, global_step=step)
 
     def _fast_file_writer(self) -> Any | None:
         """The event file writer of a torch ``SummaryWriter``, whose protobufs we can build;
@@ -252,6 +285,14 @@ class TensorBoardBackend(Backend):
 def _markdown(value: object) -> str:
     # a table cell: pipes would end the cell, newlines the row
     return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _profile_buckets(panel: LayerPanel) -> tuple[float, float, float, float, float, list[float], list[float]]:
+    """A panel as TensorBoard buckets: layer ``i`` from ``i`` to ``i + 1``, its value as the height
+    (a value that is not finite is drawn as 0; it counts in ``nonfinite_count``)."""
+    values = np.where(np.isfinite(panel.values), panel.values, 0.0)
+    n = len(values)
+    return 0.0, float(n), float(n), float(values.sum()), float(np.square(values).sum()), [float(i + 1) for i in range(n)], values.tolist()
 
 
 def _buckets(h: HistogramEntry) -> tuple[float, float, float, float, float, list[float], list[float]]:

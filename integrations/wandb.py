@@ -5,28 +5,28 @@
 >>> # or explicitly, with options:
 >>> hook = tl.watch(model, backends=[WandbBackend(heatmap_tensors=r"^gradients/")])  # doctest: +SKIP
 
-What lands in the run (``prefix="tensorlens"``):
+What lands in the run (``prefix="tensorlens"``; the key scheme of :mod:`tensorlens.backends.keys`,
+the payload of :mod:`tensorlens.backends.payload`, chosen with ``tracker_stats``):
 
-- ``tensorlens/<collection>/<tensor>/<stat>`` for every statistic, e.g.
-  ``tensorlens/gradients/fc1.weight/l2``, plotted against ``tensorlens/step`` (the optimizer
-  step of the record) through ``define_metric``. Records of other modes are keyed
-  ``tensorlens/<mode>/...`` (with ``tensorlens/<mode>/step``, the mode step, in the same row);
-  records of a single worker in a distributed run (``include_workers="all"``) are keyed
-  ``tensorlens/<worker>/...`` unless the worker is ``worker_0`` or ``reduced``.
-- ``tensorlens/<collection>/<tensor>/histogram``: a ``wandb.Histogram`` built from the exact
-  bins (no re-binning).
-- Rule findings (:mod:`tensorlens.rules`): a W&B alert (level WARN) the first time a rule fires
-  on a tensor (W&B also holds back repeats of one title for ``alert_wait`` seconds; offline the
-  alert is written to the run file), and in the run summary ``tensorlens/rules/<rule>/count``,
-  ``.../first_step``, ``.../last_step`` and ``.../last_message``.
-- ``tensorlens/profile/<collection>/<stat>``: a line chart of one statistic by layer depth, one
-  line per saved step (built-in preset ``wandb/line/v0``), for each profile whose statistic the
-  records hold: by default gradient ``l2`` and, when ``dynamics`` are recorded, the update ratio
-  (``dynamics`` / ``update_ratio``); and, for the tensors named in
-  ``heatmap_tensors``, ``tensorlens/heatmap/<tensor>``: the histogram over time as a heatmap
-  (the Vega-Lite spec in ``wandb_heatmap_spec.json``, installed once with
-  ``tensorlens wandb-install-chart --entity E``). Their tables are logged every ``table_every``
-  saved steps and once more at ``close()``: each logged table is an artifact.
+- the global section first: ``tensorlens/step`` (the optimizer step, every tensorlens key's x-axis
+  through ``define_metric``), ``tensorlens/dynamics/global/grad_norm`` and the other global
+  dynamics, ``tensorlens/nonfinite_count``, and in the run summary the rule findings
+  (``tensorlens/rules/<rule>/count``, ``.../first_step``, ``.../last_step``, ``.../last_message``;
+  the first time a rule fires on a tensor also a W&B alert, level WARN);
+- one section per collection, ``tensorlens-<collection>``: by default a ``wandb.Histogram`` of every
+  parameter tensor and module output (``tensorlens-gradients/fc1.weight/histogram``, exact bins),
+  the plain values (``tensorlens-losses/train_loss``), and one custom chart per collection and
+  statistic holding every layer (``tensorlens-gradients/per-layer/l2``: the statistic by layer
+  depth, one line per logged step, built-in preset ``wandb/line/v0``). With ``tracker_stats="all"``
+  every statistic of every tensor too (``tensorlens-gradients/fc1.weight/l2``);
+- records of other modes and single workers get their own sections (``tensorlens-eval-activations``),
+  with the mode step as ``tensorlens-eval/step``.
+
+Custom-chart tables are logged every ``table_every`` saved steps and once more at ``close()``:
+each logged table is an artifact. ``layer_heatmaps=True`` adds a heatmap of every layer over steps
+per panel and ``heatmap_tensors`` a histogram-over-steps heatmap per named tensor; both need their
+Vega-Lite spec installed once with ``tensorlens wandb-install-chart --entity E`` (see
+:mod:`tensorlens.integrations._wandb_charts`).
 
 How rows are shared with your own ``wandb.log`` calls: tensorlens never passes ``step=``. A
 record is merged into the row that is open (``commit=False``), next to your own keys, which it
@@ -43,8 +43,6 @@ row's values.
 from __future__ import annotations
 
 import collections
-import json
-import os
 import re
 import sys
 import warnings
@@ -55,27 +53,34 @@ import numpy as np
 
 from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, RunInfo
-from tensorlens.backends.keys import key_parts
+from tensorlens.backends.keys import global_key, histogram_key, panel_key, tracker_key
 from tensorlens.backends.optional import import_optional, is_lightning_logger
+from tensorlens.backends.payload import LayerPanel, check_tracker_stats, layer_panel
 from tensorlens.findings import Finding
 from tensorlens.integrations import _wandb_replay
+from tensorlens.integrations._wandb_charts import (  # noqa: F401 - the public names of the W&B charts
+    HEATMAP_CHART_NAME,
+    HEATMAP_COLUMNS,
+    HEATMAP_SPEC_PATH,
+    LAYERS_CHART_NAME,
+    LAYERS_SPEC_PATH,
+    MAX_HEATMAP_STEPS,
+    MAX_PROFILE_LINES,
+    PROFILE_COLUMNS,
+    ChartTables,
+    heatmap_spec,
+    install_chart_command,
+    install_heatmap_chart,
+)
 from tensorlens.modes import ModeKeys
-from tensorlens.records import HistogramEntry, StepRecord, collection_of
-from tensorlens.stats.views import StrideThinner
+from tensorlens.records import HistogramEntry, StepRecord
 
 if TYPE_CHECKING:
     from wandb.sdk.wandb_run import Run as WandbRun
 
-#: Name under which ``tensorlens wandb-install-chart`` installs the heatmap spec.
-HEATMAP_CHART_NAME = "tensorlens/histogram-heatmap"
-#: The Vega-Lite spec of the heatmap chart, shipped as package data.
-HEATMAP_SPEC_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wandb_heatmap_spec.json")
-#: More lines than this make the profile chart unreadable; older ones are thinned evenly.
-MAX_PROFILE_LINES = 24
-#: The layer profiles charted by default; one appears only when the records hold its statistic.
-DEFAULT_PROFILES = (("gradients", "l2"), ("dynamics", "update_ratio"))
-#: Steps kept per heatmap table (steps x bins rows are re-logged every time).
-MAX_HEATMAP_STEPS = 64
+#: ``profile``'s default: the payload's panels (one per collection and statistic, see
+#: :mod:`tensorlens.backends.payload`).
+DEFAULT_PROFILES = "panels"
 #: Records held back while a user who passes ``step=`` has not moved on to the next row.
 MAX_DEFERRED = 32
 #: Seconds W&B holds back a repeated alert of the same title (a rule firing on many tensors).
@@ -104,14 +109,19 @@ class WandbBackend(Backend):
             row of its own.
         table_every: log the custom-chart tables every this many saved train steps (the first
             saved step included), and once more at ``close()``.
-        profile: ``(collection, stat)`` for a per-layer profile chart, a list of them, or ``None``;
-            default gradient ``l2`` and the ``dynamics`` update ratio (charted when recorded).
+        tracker_stats: what this backend sends of each record: ``"default"``, ``"all"`` or
+            statistic names (:mod:`tensorlens.backends.payload`); default ``None``: the run's
+            ``tracker_stats`` option, else ``$TENSORLENS_TRACKER_STATS``, else ``"default"``.
+        profile: the per-layer charts: ``"panels"`` (default: the payload's panels, one per
+            collection and statistic), ``(collection, stat)`` or a list of them, or ``None``.
+        layer_heatmaps: also chart each per-layer table as a heatmap over steps (needs the
+            ``tensorlens/layer-heatmap`` chart installed: ``tensorlens wandb-install-chart``).
         heatmap_tensors: tensors that get a histogram-over-time heatmap: a regular expression
             searched in names like ``"gradients/fc1.weight"``, or a list of exact names.
             Default ``None`` (no heatmaps): the chart needs its spec installed on the server
             first, and every heatmap table is an artifact of steps x bins rows.
-        heatmap_chart: the installed chart's id (``"<entity>/tensorlens/histogram-heatmap"``);
-            default: built from the run's entity.
+        heatmap_chart: the installed histogram chart's id (``"<entity>/tensorlens/histogram-heatmap"``);
+            default: built from the run's entity (the layer heatmap's id likewise).
     """
 
     name: ClassVar[str] = "wandb"
@@ -135,7 +145,9 @@ class WandbBackend(Backend):
         histograms: bool = True,
         extra_step_keys: Sequence[str] | str = (),
         table_every: int = 10,
-        profile: tuple[str, str] | Sequence[tuple[str, str]] | None = DEFAULT_PROFILES,
+        tracker_stats: str | Sequence[str] | None = None,
+        profile: str | tuple[str, str] | Sequence[tuple[str, str]] | None = DEFAULT_PROFILES,
+        layer_heatmaps: bool = False,
         heatmap_tensors: str | Sequence[str] | None = None,
         heatmap_chart: str | None = None,
     ) -> None:
@@ -152,7 +164,10 @@ class WandbBackend(Backend):
             raise expected("extra_step_keys", "a list of non-empty key names", extra_step_keys)
         if isinstance(table_every, bool) or not isinstance(table_every, int) or table_every < 1:
             raise expected("table_every", "an integer >= 1", table_every)
+        self.tracker_stats = check_tracker_stats("tracker_stats", tracker_stats)
         profiles = _profiles(profile)
+        if not isinstance(layer_heatmaps, bool):
+            raise expected("layer_heatmaps", "a bool", layer_heatmaps)
         if heatmap_chart is not None and (not isinstance(heatmap_chart, str) or not heatmap_chart):
             raise expected("heatmap_chart", "None or a chart id such as 'my-team/tensorlens/histogram-heatmap'", heatmap_chart)
 
@@ -175,9 +190,7 @@ class WandbBackend(Backend):
         self._last_step = 0
         self._train_records = 0  # saved train records seen: drives the table schedule
         self._unlogged = False  # a snapshot was taken after the last table log
-        self._profile_lines = {p: StrideThinner(MAX_PROFILE_LINES) for p in profiles}
-        self._profile_keys: dict[tuple[str, str], str] = {}
-        self._heatmaps: dict[str, StrideThinner] = {}
+        self._tables = ChartTables(layer_heatmaps)
         self._alerted: set[tuple[str, str | None]] = set()
         self._finding_counts: dict[str, int] = {}
 
@@ -216,10 +229,14 @@ class WandbBackend(Backend):
             )
         # mode="disabled" gives a NoopRun that ignores everything: skip the translation too
         self._disabled = bool(getattr(self._run, "disabled", False))
-        self._run.define_metric(f"{self.prefix}/step")
-        self._run.define_metric(f"{self.prefix}/*", step_metric=f"{self.prefix}/step")
-        if self._heatmap_match is not None and self.heatmap_chart is None:
-            entity = getattr(self._run, "entity", "") or ""
+        self.open_payload(run)
+        # every section of ours (tensorlens/..., tensorlens-gradients/...) against the optimizer step
+        step = global_key(self.prefix, ModeKeys.TRAIN, None, "step")
+        self._run.define_metric(step)
+        self._run.define_metric(f"{self.prefix}*", step_metric=step)
+        entity = getattr(self._run, "entity", "") or ""
+        self._tables.layers_chart = f"{entity}/{LAYERS_CHART_NAME}" if entity else LAYERS_CHART_NAME
+        if (self._heatmap_match is not None or self._tables.layer_heatmaps) and self.heatmap_chart is None:
             self.heatmap_chart = f"{entity}/{HEATMAP_CHART_NAME}" if entity else HEATMAP_CHART_NAME
             if not entity:
                 warnings.warn(
@@ -246,7 +263,7 @@ class WandbBackend(Backend):
             self._finding_counts[record.rule] = self._finding_counts.get(record.rule, 0) + 1
             return
         if record.mode == ModeKeys.TRAIN:
-            self._take_snapshots(record)
+            self._take_snapshots(record, self.payload(record).panels)
         self._unlogged = False  # the earlier session logged its tables
         self._last_step = record.step
 
@@ -254,8 +271,9 @@ class WandbBackend(Backend):
         if self._disabled:
             return
         self._check_active()
-        row = self._row(record)
-        if record.mode == ModeKeys.TRAIN and self._take_snapshots(record):
+        payload = self.payload(record)
+        row = self._row(record, payload)
+        if record.mode == ModeKeys.TRAIN and self._take_snapshots(record, payload.panels):
             if (self._train_records - 1) % self.table_every == 0:
                 row.update(self._charts())
         self._last_step = record.step
@@ -271,7 +289,7 @@ class WandbBackend(Backend):
             title = f"tensorlens rule {finding.rule}"[:63]  # W&B wants titles under 64 characters
             self._run.alert(title=title, text=str(finding), level=self._wandb.AlertLevel.WARN, wait_duration=ALERT_WAIT)
         count = self._finding_counts[finding.rule] = self._finding_counts.get(finding.rule, 0) + 1
-        key = f"{self.prefix}/rules/{finding.rule}"
+        key = global_key(self.prefix, ModeKeys.TRAIN, None, f"rules/{finding.rule}")
         updates: dict[str, Any] = {f"{key}/count": count, f"{key}/last_step": int(finding.step), f"{key}/last_message": str(finding)}
         if count == 1:
             updates[f"{key}/first_step"] = int(finding.step)
@@ -290,7 +308,7 @@ class WandbBackend(Backend):
             if self._run is not None and (self._unlogged or self._deferred) and not self._disabled:
                 self._check_active("the last records or custom-chart tables were not logged")
                 if self._unlogged:
-                    row: dict[str, Any] = {f"{self.prefix}/step": self._last_step}
+                    row: dict[str, Any] = {global_key(self.prefix, ModeKeys.TRAIN, None, "step"): self._last_step}
                     row.update(self._charts())
                     self._log(row, self._last_step, final=True)
                 self._drain(self._run, final=True)  # nothing may stay behind
@@ -305,21 +323,20 @@ class WandbBackend(Backend):
 
     # ------------------------------------------------------------------ translation
 
-    def _base(self, record: StepRecord) -> str:
-        return "/".join(key_parts(self.prefix, record.mode, record.worker))
-
-    def _row(self, record: StepRecord) -> dict[str, Any]:
-        base = self._base(record)
-        row: dict[str, Any] = {f"{self.prefix}/step": int(record.step)}
-        if record.mode != ModeKeys.TRAIN:
-            row[f"{self.prefix}/{record.mode}/step"] = int(record.mode_step)
-        for entry in record.scalars:
-            row[f"{base}/{entry.key}"] = float(entry.value)  # NaN and Inf go through as they are
+    def _row(self, record: StepRecord, payload: Any) -> dict[str, Any]:
+        mode, worker, prefix = record.mode, record.worker, self.prefix
+        row: dict[str, Any] = {global_key(prefix, ModeKeys.TRAIN, None, "step"): int(record.step)}
+        if mode != ModeKeys.TRAIN:
+            row[global_key(prefix, mode, None, "step")] = int(record.mode_step)
+        for key, value in payload.scalars:
+            row[tracker_key(prefix, mode, worker, key)] = float(value)  # NaN and Inf go through as they are
+        for name, value in payload.globals:
+            row[global_key(prefix, mode, worker, name)] = float(value)
         if self.histograms:
-            for hist in record.histograms:
+            for hist in payload.histograms:
                 value = self._histogram(hist)
                 if value is not None:
-                    row[f"{base}/{hist.tensor}/histogram"] = value
+                    row[histogram_key(prefix, mode, worker, hist.tensor)] = value
         return row
 
     def _histogram(self, hist: HistogramEntry) -> Any:
@@ -358,27 +375,23 @@ class WandbBackend(Backend):
 
     # ------------------------------------------------------------------ custom charts
 
-    def _take_snapshots(self, record: StepRecord) -> bool:
+    def _take_snapshots(self, record: StepRecord, panels: Sequence[LayerPanel]) -> bool:
         taken = False
         index = self._train_records
-        for profile in self.profiles:
-            collection, stat = profile
-            line = [
-                (entry.tensor.split("/", 1)[1], float(entry.value))
-                for entry in record.scalars
-                if entry.stat == stat and collection_of(entry.tensor) == collection and "/" in entry.tensor
-            ]
-            if line:
-                self._profile_keys[profile] = f"{self._base(record)}/profile/{collection}/{stat}"
-                self._profile_lines[profile].add(index, (int(record.step), line))
+        if self.profiles == DEFAULT_PROFILES:
+            chosen: Iterable[LayerPanel | None] = panels
+        else:
+            chosen = (layer_panel(record, collection, stat) for collection, stat in self.profiles)
+        for panel in chosen:
+            if panel is not None:
+                key = panel_key(self.prefix, record.mode, record.worker, panel.collection, panel.stat)
+                self._tables.add_panel(key, index, int(record.step), panel)
                 taken = True
         if self._heatmap_match is not None:
             for hist in record.histograms:
                 if self._heatmap_match(hist.tensor) and len(hist.counts) and np.all(np.isfinite(hist.edges)):
-                    key = f"{self._base(record)}/heatmap/{hist.tensor}"
-                    self._heatmaps.setdefault(key, StrideThinner(MAX_HEATMAP_STEPS)).add(
-                        index, (int(record.step), np.asarray(hist.counts), np.asarray(hist.edges))
-                    )
+                    key = tracker_key(self.prefix, record.mode, record.worker, f"{hist.tensor}/heatmap")
+                    self._tables.add_histogram(key, index, int(record.step), hist.tensor, hist.counts, hist.edges)
                     taken = True
         if taken:
             self._train_records += 1
@@ -386,41 +399,10 @@ class WandbBackend(Backend):
         return taken
 
     def _charts(self) -> dict[str, Any]:
-        wandb = self._wandb
-        charts: dict[str, Any] = {}
-        for profile, key in self._profile_keys.items():
-            collection, stat = profile
-            rows = [
-                [step, depth, tensor, value]
-                for step, line in self._profile_lines[profile].values()
-                for depth, (tensor, value) in enumerate(line)
-            ]
-            table = wandb.Table(columns=list(PROFILE_COLUMNS), data=rows, allow_mixed_types=True)
-            charts[key] = wandb.plot.line(
-                table, "depth", "value", stroke="step", title=f"{collection} {stat} by layer depth (one line per step)"
-            )
-        for key, snapshots in self._heatmaps.items():
-            rows = [
-                [step, float(edges[i]), float(edges[i + 1]), int(counts[i])]
-                for step, counts, edges in snapshots.values()
-                for i in range(len(counts))
-            ]
-            table = wandb.Table(columns=list(HEATMAP_COLUMNS), data=rows)
-            tensor = key.split("/heatmap/", 1)[1]
-            charts[key] = wandb.plot_table(
-                self.heatmap_chart,
-                table,
-                {name: name for name in HEATMAP_COLUMNS},
-                {"title": f"{tensor}: histogram over steps"},
-            )
+        if self.heatmap_chart is not None:
+            self._tables.heatmap_chart = self.heatmap_chart
         self._unlogged = False
-        return charts
-
-
-#: Columns of the profile table: one row per (logged step, tensor).
-PROFILE_COLUMNS = ("step", "depth", "tensor", "value")
-#: Columns of a heatmap table: one row per (logged step, bin); the spec's ``${field:...}`` names.
-HEATMAP_COLUMNS = ("step", "low", "high", "count")
+        return self._tables.charts(self._wandb)
 
 
 def _user_passes_step(run: Any) -> bool:
@@ -432,11 +414,13 @@ def _user_passes_step(run: Any) -> bool:
         return False
 
 
-def _profiles(spec: Any) -> tuple[tuple[str, str], ...]:
+def _profiles(spec: Any) -> Any:
     """``profile`` as given: ``None``, one pair ``(collection, stat)`` or a list of pairs."""
-    what = 'None or a pair (collection, stat) such as ("gradients", "l2"), or a list of such pairs'
+    what = '"panels", None or a pair (collection, stat) such as ("gradients", "l2"), or a list of such pairs'
     if spec is None:
         return ()
+    if spec == DEFAULT_PROFILES:
+        return DEFAULT_PROFILES  # type: ignore[return-value]
 
     def pair(value: Any) -> bool:
         return isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(p, str) and p for p in value)
@@ -462,64 +446,3 @@ def _tensor_matcher(spec: str | Sequence[str] | None) -> Any:
         if all(isinstance(n, str) and n for n in names):
             return names.__contains__
     raise expected("heatmap_tensors", what, spec)
-
-
-# ---------------------------------------------------------------------- the heatmap chart spec
-
-
-def heatmap_spec() -> dict[str, Any]:
-    """The Vega-Lite spec of the histogram-over-time heatmap (``wandb_heatmap_spec.json``)."""
-    with open(HEATMAP_SPEC_PATH, encoding="utf-8") as f:
-        return json.load(f)
-
-
-def install_heatmap_chart(entity: str, name: str = HEATMAP_CHART_NAME, access: str = "private") -> str:
-    """Install the heatmap spec on the W&B server as a custom chart; returns its id.
-
-    >>> install_heatmap_chart("my-team")     # doctest: +SKIP
-    'my-team/tensorlens/histogram-heatmap'
-    """
-    if not isinstance(entity, str) or not entity:
-        raise expected("entity", "a W&B entity (user or team name)", entity)
-    if access not in ("private", "public"):
-        raise expected("access", "'private' or 'public'", access)
-    wandb = import_wandb()
-    return wandb.Api().create_custom_chart(
-        entity=entity,
-        name=name,
-        display_name="tensorlens: histogram over steps",
-        spec_type="vega2",
-        access=access,
-        spec=heatmap_spec(),
-    )
-
-
-def install_chart_command(
-    entity: str | None, name: str = HEATMAP_CHART_NAME, access: str = "private", print_spec: bool = False
-) -> int:
-    """``tensorlens wandb-install-chart``: install the spec online, or say what to do offline."""
-    if print_spec:
-        print(json.dumps(heatmap_spec(), indent=2))
-        return 0
-    if not entity:
-        print("tensorlens wandb-install-chart: --entity is required (the W&B user or team that owns the chart)",
-              file=sys.stderr)
-        return 2
-    offline = os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun", "disabled")
-    steps_offline = (
-        "Offline there is no server to install it on. Runs logged offline keep their heatmap tables; to see\n"
-        "them as heatmaps, run this command once where W&B is online (the chart is per entity, not per run),\n"
-        f"or paste the spec (`tensorlens wandb-install-chart --print-spec`, file {HEATMAP_SPEC_PATH})\n"
-        "into the custom chart editor of the W&B UI and save it under the name above."
-    )
-    if offline:
-        print(f"WANDB_MODE={os.environ.get('WANDB_MODE')}: the chart {entity}/{name} was not installed.\n{steps_offline}")
-        return 1
-    try:
-        chart_id = install_heatmap_chart(entity, name, access)
-    except Exception as err:
-        print(f"Could not install the chart {entity}/{name}: {type(err).__name__}: {err}\n{steps_offline}")
-        return 1
-    print(f"Installed the custom chart {chart_id!r}. Log heatmaps into it with\n"
-          f"    WandbBackend(heatmap_tensors=r'^gradients/', heatmap_chart={chart_id!r})")
-    return 0

@@ -23,7 +23,7 @@ thousands of keys:
 Whatever the choice, the run's global values always go: the ``dynamics/global`` statistics
 (``grad_norm``, ``weight_norm``, ``update_norm``, ``grad_nonfinite_count``, ...), plain values
 (losses, ``summarize_scalar``), every statistic of the ``losses``, ``summaries`` and ``scalars``
-collections, :data:`NONFINITE_COUNT` (NaN and Inf counted over every tensor of the record) and
+collections (their histograms too), :data:`NONFINITE_COUNT` (NaN and Inf counted over every tensor of the record) and
 rule findings (sent by the backends themselves). A non-finite value is never hidden: it counts in
 :data:`NONFINITE_COUNT`, and from the first step a tensor holds one its ``nan_count`` and
 ``inf_count`` are sent as its own series, every saved step after. Everything else depends on the
@@ -241,12 +241,11 @@ class PayloadSelector:
             return ()
         if self._histograms:
             return record.histograms
-        if not self._default:
-            return ()
         return tuple(
             record.histogram(tensor)  # type: ignore[misc]
             for tensor, _ in record.histogram_names
-            if tensor.partition("/")[0] in HISTOGRAM_COLLECTIONS and tensor.count("/") == 1
+            if tensor.partition("/")[0] in ALWAYS_COLLECTIONS
+            or (self._default and tensor.partition("/")[0] in HISTOGRAM_COLLECTIONS and tensor.count("/") == 1)
         )
 
     def _panels(self, record: StepRecord) -> tuple[LayerPanel, ...]:
@@ -289,3 +288,18 @@ def layer_panels(record: StepRecord) -> tuple[LayerPanel, ...]:
                 names, vals = stats[stat]
                 panels.append(LayerPanel(collection, stat, tuple(names), np.asarray(vals, dtype=np.float64)))
     return tuple(panels)
+
+
+def layer_panel(record: StepRecord, collection: str, stat: str) -> LayerPanel | None:
+    """One panel of any statistic: ``stat`` of every layer of ``collection`` in ``record``
+    (``None`` when no layer has it), for a tracker asked for a panel of its own.
+
+    >>> layer_panel(record, "gradients", "std")   # doctest: +SKIP
+    """
+    names, values = [], []
+    for (tensor, name), value in zip(record.scalar_names, record.scalar_values.tolist(), strict=True):
+        owner, _, layer = tensor.partition("/")
+        if name == stat and owner == collection and layer and "/" not in layer:
+            names.append(layer)
+            values.append(value)
+    return LayerPanel(collection, stat, tuple(names), np.asarray(values, dtype=np.float64)) if names else None

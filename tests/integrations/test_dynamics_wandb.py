@@ -1,5 +1,6 @@
-"""Training dynamics in a real (offline) W&B run: the statistics under ``tensorlens/dynamics/...``,
-the update-ratio profile chart by layer, and the epoch aggregates, read back from the run file."""
+"""Training dynamics in a real (offline) W&B run with the default payload: the global dynamics under
+``tensorlens/dynamics/global/...``, the update ratio of every layer as one chart (not one series per
+tensor), and the epoch aggregates of the global values, read back from the run file."""
 
 from __future__ import annotations
 
@@ -52,25 +53,28 @@ def test_update_ratio_profile_and_epochs_in_wandb(tmp_path: Any) -> None:
     assert sorted(rows) == [0, 2, 4]
     for step, row in rows.items():
         assert row["tensorlens/dynamics/global/grad_norm"] == stored.tensor("dynamics/global").reduction_value(step, "grad_norm")
-        assert row["tensorlens/dynamics/0.weight/update_ratio"] == stored.tensor("dynamics/0.weight").reduction_value(step, "update_ratio")
-        assert "tensorlens/activations/1/dead_fraction" in row
-        assert "tensorlens/activations/1/unit_active_rate/histogram" in row
+        # per-tensor dynamics are in the store and in the per-layer panels, not series of their own
+        assert not any(k.startswith("tensorlens-dynamics/0.weight/") for k in row)
+        assert stored.tensor("dynamics/0.weight").reduction_value(step, "update_ratio") is not None
+        assert "tensorlens-gradients/0.weight/histogram" in row  # a parameter's histogram
+        assert "tensorlens-activations/1/unit_active_rate/histogram" not in row  # its per-sample part: stored only
 
     # the update ratio by layer depth: one line per saved step, every parameter a point
-    tables = [row["tensorlens/profile/dynamics/update_ratio_table"] for row in run_file.history
-              if "tensorlens/profile/dynamics/update_ratio_table" in row]
+    tables = [row["tensorlens-dynamics/per-layer/update_ratio_table"] for row in run_file.history
+              if "tensorlens-dynamics/per-layer/update_ratio_table" in row]
     profile = run_file.table(tables[-1])
     assert profile["columns"] == list(PROFILE_COLUMNS)
     names = [name for name, _ in model.named_parameters()]
     expected = [[step, depth, name, stored.tensor(f"dynamics/{name}").reduction_value(step, "update_ratio")]
                 for step in (0, 2, 4) for depth, name in enumerate(names)]
     assert profile["data"] == expected
-    assert "tensorlens/profile/dynamics/update_ratio" in run_file.config["_wandb"]["visualize"]
+    assert "tensorlens-dynamics/per-layer/update_ratio" in run_file.config["_wandb"]["visualize"]
 
-    # epoch records: keyed tensorlens/epoch/epochs/..., at the step the epoch ended, with the epoch
-    epochs = [row for row in run_file.history if "tensorlens/epoch/epochs/dynamics/global/grad_norm_mean" in row]
-    assert [(row["tensorlens/step"], row["tensorlens/epoch/step"]) for row in epochs] == [(3, 0), (5, 1)]
-    assert epochs[1]["tensorlens/epoch/epochs/dynamics/global/grad_norm_mean"] == (
+    # epoch records: keyed tensorlens-epoch/..., at the step the epoch ended, with the epoch
+    epochs = [row for row in run_file.history if "tensorlens-epoch/dynamics/global/grad_norm_mean" in row]
+    assert [(row["tensorlens/step"], row["tensorlens-epoch/step"]) for row in epochs] == [(3, 0), (5, 1)]
+    assert not any(k.startswith("tensorlens-epoch-") for row in epochs for k in row)  # per-tensor: stored only
+    assert epochs[1]["tensorlens-epoch/dynamics/global/grad_norm_mean"] == (
         stored.tensor("epochs/dynamics/global").reduction_value(step=1, name="grad_norm_mean"))
     stored.close()
 

@@ -21,6 +21,7 @@ from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E4
 )
 from torch.utils.tensorboard import SummaryWriter  # noqa: E402
 
+from tensorlens.backends.keys import histogram_key, tracker_key  # noqa: E402
 from tensorlens.integrations.tensorboard import TensorBoardBackend  # noqa: E402
 
 
@@ -51,11 +52,12 @@ def read_events(log_dir: str) -> EventAccumulator:
 
 
 def assert_matches_store(events: EventAccumulator, run: tl.Run, prefix: str = "tensorlens") -> int:
-    """Every train scalar and histogram of the store is in the events, equal; returns how many."""
+    """Every train scalar and histogram of the store is in the events (``tracker_stats="all"``),
+    equal, under the keys of tensorlens.backends.keys; returns how many."""
     checked = 0
     for step in run.steps(mode="train"):
         for key, value in run.scalars(step).items():
-            found = {e.step: e.value for e in events.Scalars(f"{prefix}/{key}")}
+            found = {e.step: e.value for e in events.Scalars(tracker_key(prefix, "train", None, key))}
             # TensorBoard keeps scalars as float32
             assert found[step] == pytest.approx(np.float32(value), nan_ok=True), key
             checked += 1
@@ -66,7 +68,7 @@ def assert_matches_store(events: EventAccumulator, run: tl.Run, prefix: str = "t
                 counts, edges, info = view.histogram_with_info(step)
             except KeyError:
                 continue  # a plain scalar
-            found = {e.step: e.histogram_value for e in events.Histograms(f"{prefix}/{name}")}
+            found = {e.step: e.histogram_value for e in events.Histograms(histogram_key(prefix, "train", None, name))}
             histo = found[step]
             assert histo.bucket == counts.astype(float).tolist()
             assert histo.bucket_limit == edges[1:].tolist()  # right edges, exact (doubles)
@@ -80,7 +82,7 @@ def test_training_events_equal_the_local_store(tmp_path) -> None:
     model = mlp()
     memory, loss_fn = tl.MemoryBackend(), nn.MSELoss()
     hook = tl.watch(model, loss_fn, save_interval=2, out_dir=tmp_path / "run", backends=["tensorboard", memory],
-                    activations=True)
+                    activations=True, tracker_stats="all")
     train(model, 5, eval_batches=3, loss_fn=loss_fn)
     hook.close()
 
@@ -94,21 +96,21 @@ def test_training_events_equal_the_local_store(tmp_path) -> None:
         eval_steps = run.steps(mode="eval")
         assert eval_steps == [0, 2]
         key = "activations/0/max"
-        found = {e.step: e.value for e in events.Scalars(f"tensorlens/eval/{key}")}
+        found = {e.step: e.value for e in events.Scalars("tensorlens-eval-activations/0/max")}
         assert found == {s: pytest.approx(np.float32(run.scalars(s, mode="eval")[key])) for s in eval_steps}
-        hist = {e.step: e.histogram_value for e in events.Histograms("tensorlens/eval/activations/0")}
+        hist = {e.step: e.histogram_value for e in events.Histograms("tensorlens-eval-activations/0/histogram")}
         counts, _ = run.tensor("activations/0").histogram(2, mode="eval")
         assert hist[2].bucket == counts.astype(float).tolist()
     tags = events.Tags()["scalars"]
-    assert "tensorlens/losses/mseloss" in tags
-    assert not any(t.startswith("tensorlens/train/") for t in tags)
+    assert "tensorlens-losses/mseloss" in tags
+    assert not any("train" in t.split("/")[0] for t in tags)
     # wall times are the records' own, not the time of writing
-    assert events.Scalars("tensorlens/losses/mseloss")[0].wall_time == memory.records[0].wall_time
+    assert events.Scalars("tensorlens-losses/mseloss")[0].wall_time == memory.records[0].wall_time
 
 
 def test_reuses_a_given_writer_and_leaves_it_open(tmp_path) -> None:
     writer = SummaryWriter(log_dir=str(tmp_path / "tb"))
-    backend = TensorBoardBackend(writer=writer, prefix="stats")
+    backend = TensorBoardBackend(writer=writer, prefix="stats", tracker_stats="all")
     assert backend.log_dir == str(tmp_path / "tb")
     model = mlp()
     hook = tl.watch(model, save_interval=1, out_dir=tmp_path / "run", backends=[backend])
@@ -145,7 +147,8 @@ class _PublicApiWriter:
 def test_other_writers_get_the_public_calls_with_the_same_result(tmp_path) -> None:
     writer = _PublicApiWriter(str(tmp_path / "tb"))
     model = mlp()
-    hook = tl.watch(model, save_interval=2, out_dir=tmp_path / "run", backends=[TensorBoardBackend(writer=writer)])
+    hook = tl.watch(model, save_interval=2, out_dir=tmp_path / "run", backends=[TensorBoardBackend(writer=writer)],
+                    tracker_stats="all")
     train(model, 3)
     hook.close()
     with tl.open_run(hook.run_dir) as run:
@@ -166,7 +169,7 @@ def test_nan_inf_and_fixed_range_histograms(tmp_path) -> None:
     hook.close()
 
     events = read_events(tmp_path / "tb")
-    histo = events.Histograms("summaries/x")[0].histogram_value
+    histo = events.Histograms("summaries/x/histogram")[0].histogram_value
     with tl.open_run(hook.run_dir) as run:
         counts, edges, info = run.tensor("summaries/x").histogram_with_info(0)
     # one bucket below the range, the four bins over [-1, 1], one bucket above it

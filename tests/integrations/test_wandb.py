@@ -20,6 +20,7 @@ import tensorlens as tl
 
 wandb = pytest.importorskip("wandb")
 
+from tensorlens.backends.keys import histogram_key, tracker_key  # noqa: E402
 from tensorlens.integrations.wandb import (  # noqa: E402
     HEATMAP_COLUMNS,
     HEATMAP_SPEC_PATH,
@@ -39,6 +40,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _offline(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
+    # these tests check the whole store arrives: the default payload has tests of its own
+    # (test_tracker_payload_wandb.py)
+    monkeypatch.setenv("TENSORLENS_TRACKER_STATS", "all")
     yield
     if wandb.run is not None:  # a failed test must not leave its run active for the next one
         wandb.finish()
@@ -61,7 +65,7 @@ def tl_rows(history: list[dict[str, Any]], prefix: str = "tensorlens") -> dict[i
     """``{tensorlens/step: row}`` over the rows holding train statistics (each step once)."""
     out: dict[int, dict[str, Any]] = {}
     for row in history:
-        if any(k.startswith(f"{prefix}/gradients/") for k in row):
+        if any(k.startswith(f"{prefix}-gradients/") and not k.endswith("_table") for k in row):
             step = row[f"{prefix}/step"]
             assert step not in out, f"step {step} logged twice"
             out[step] = row
@@ -77,17 +81,19 @@ def assert_matches_store(run_file: RunFile, run_dir: str, prefix: str = "tensorl
         for step in steps:
             row = rows[step]
             expected = stored.scalars(step)
-            logged = {k[len(prefix) + 1:]: v for k, v in row.items()  # histograms and tables are dicts
-                      if k.startswith(f"{prefix}/") and not isinstance(v, dict) and k != f"{prefix}/step"}
-            assert logged.keys() == expected.keys()
+            logged = {k: v for k, v in row.items()  # histograms and tables are dicts
+                      if k.startswith(prefix) and not isinstance(v, dict)
+                      and k not in (f"{prefix}/step", f"{prefix}/nonfinite_count")}
+            assert logged.keys() == {tracker_key(prefix, "train", None, key) for key in expected}
             for key, value in expected.items():
-                assert same(float(logged[key]), value), (step, key, logged[key], value)
+                found = logged[tracker_key(prefix, "train", None, key)]
+                assert same(float(found), value), (step, key, found, value)
             for name in stored.tensor_names():
                 try:
                     counts, edges = stored.tensor(name).histogram(step)
                 except KeyError:
                     continue
-                histogram = row[f"{prefix}/{name}/histogram"]
+                histogram = row[histogram_key(prefix, "train", None, name)]
                 assert histogram["_type"] == "histogram"
                 assert histogram["values"] == counts.tolist()
                 assert histogram["bins"] == edges.tolist()
@@ -129,7 +135,7 @@ def test_auto_backend_matches_local_store_and_keeps_user_rows(tmp_path: Any) -> 
 
     run_file = read_run_dir(str(tmp_path))
     assert {"name": "tensorlens/step", "glob_name": "", "step_metric": ""} in run_file.metrics
-    assert {"name": "", "glob_name": "tensorlens/*", "step_metric": "tensorlens/step"} in run_file.metrics
+    assert {"name": "", "glob_name": "tensorlens*", "step_metric": "tensorlens/step"} in run_file.metrics
 
     rows = assert_matches_store(run_file, hook.run_dir)
     assert sorted(rows) == [0, 2, 4, 6]
@@ -146,23 +152,23 @@ def test_auto_backend_matches_local_store_and_keeps_user_rows(tmp_path: Any) -> 
     with tl.open_run(hook.run_dir) as stored:
         eval_scalars = stored.scalars(0, mode="eval")
     assert eval_scalars.keys() == {"losses/mseloss"}
-    eval_rows = [row for row in run_file.history if "tensorlens/eval/losses/mseloss" in row]
+    eval_rows = [row for row in run_file.history if "tensorlens-eval-losses/mseloss" in row]
     assert len(eval_rows) == 1
-    assert eval_rows[0]["tensorlens/eval/losses/mseloss"] == eval_scalars["losses/mseloss"]
-    assert eval_rows[0]["tensorlens/eval/step"] == 0 and eval_rows[0]["tensorlens/step"] == 7
+    assert eval_rows[0]["tensorlens-eval-losses/mseloss"] == eval_scalars["losses/mseloss"]
+    assert eval_rows[0]["tensorlens-eval/step"] == 0 and eval_rows[0]["tensorlens/step"] == 7
 
     # the per-layer profile: logged at the first saved step and completed at close()
-    profile = latest_table(run_file, "tensorlens/profile/gradients/l2")
+    profile = latest_table(run_file, "tensorlens-gradients/per-layer/l2")
     assert profile["columns"] == list(PROFILE_COLUMNS)
     names = [name for name, _ in model.named_parameters()]
     with tl.open_run(hook.run_dir) as stored:
         expected = [[step, depth, name, stored.tensor(f"gradients/{name}").reduction_value(step, "l2")]
                     for step in (0, 2, 4, 6) for depth, name in enumerate(names)]
     assert profile["data"] == expected
-    panel = run_file.config["_wandb"]["visualize"]["tensorlens/profile/gradients/l2"]["panel_config"]
+    panel = run_file.config["_wandb"]["visualize"]["tensorlens-gradients/per-layer/l2"]["panel_config"]
     assert panel["panelDefId"] == "wandb/line/v0"
     assert panel["fieldSettings"] == {"x": "depth", "y": "value", "stroke": "step"}
-    assert len([row for row in run_file.history if "tensorlens/profile/gradients/l2_table" in row]) == 2
+    assert len([row for row in run_file.history if "tensorlens-gradients/per-layer/l2_table" in row]) == 2
 
 
 def test_extra_step_keys_get_rows_of_their_own_next_to_a_logger(tmp_path: Any) -> None:
@@ -189,7 +195,7 @@ def test_extra_step_keys_get_rows_of_their_own_next_to_a_logger(tmp_path: Any) -
     rows = assert_matches_store(run_file, hook.run_dir)
     assert sorted(rows) == [0, 1, 2, 3, 4]
     for row in run_file.history:
-        ours = any(k.startswith("tensorlens/") for k in row)
+        ours = any(k.startswith("tensorlens") for k in row)
         assert not (ours and "train_loss" in row), "a tensorlens row merged into the logger's"
         if ours:
             assert row["trainer/global_step"] == row["tensorlens/step"]
@@ -198,19 +204,20 @@ def test_extra_step_keys_get_rows_of_their_own_next_to_a_logger(tmp_path: Any) -
     # heatmaps: every saved step's bins of the chosen tensors, as (step, low, high, count)
     with tl.open_run(hook.run_dir) as stored:
         for name in ("gradients/2.weight", "gradients/2.bias"):
-            table = latest_table(run_file, f"tensorlens/heatmap/{name}")
+            table = latest_table(run_file, tracker_key("tensorlens", "train", None, f"{name}/heatmap"))
             assert table["columns"] == list(HEATMAP_COLUMNS)
             expected = []
             for step in range(5):
                 counts, edges = stored.tensor(name).histogram(step)
                 expected += [[step, edges[i], edges[i + 1], counts[i]] for i in range(len(counts))]
             assert table["data"] == expected
-            panel = run_file.config["_wandb"]["visualize"][f"tensorlens/heatmap/{name}"]["panel_config"]
+            panel = run_file.config["_wandb"]["visualize"][tracker_key("tensorlens", "train", None, f"{name}/heatmap")]
+            panel = panel["panel_config"]
             assert panel["panelDefId"] == "my-team/tensorlens/histogram-heatmap"
             assert panel["fieldSettings"] == {c: c for c in HEATMAP_COLUMNS}
-    assert not any(k.startswith("tensorlens/heatmap/gradients/0.") for k in run_file.keys())
+    assert not any(k.startswith("tensorlens-gradients/0.") and "heatmap" in k for k in run_file.keys())
     # table_every=2 over 5 saved steps: at the 1st, 3rd and 5th; nothing left for close()
-    assert len([r for r in run_file.history if "tensorlens/heatmap/gradients/2.weight_table" in r]) == 3
+    assert len([r for r in run_file.history if "tensorlens-gradients/2.weight/heatmap_table" in r]) == 3
 
 
 def test_records_and_user_rows_all_arrive_when_the_threads_race(tmp_path: Any) -> None:
@@ -301,7 +308,7 @@ def test_without_user_rows_every_record_keeps_its_own_row(tmp_path: Any) -> None
     run_file = read_run_dir(str(tmp_path))
     assert sorted(assert_matches_store(run_file, hook.run_dir)) == [0, 1, 2, 3]
     # one profile line per step although the table was logged only at the first step and at close
-    profile = latest_table(run_file, "tensorlens/profile/gradients/l2")
+    profile = latest_table(run_file, "tensorlens-gradients/per-layer/l2")
     assert sorted({row[0] for row in profile["data"]}) == [0, 1, 2, 3]
 
 
@@ -324,13 +331,13 @@ def test_nan_gradients_are_visible(tmp_path: Any) -> None:
 
     run_file = read_run_dir(str(tmp_path))
     rows = assert_matches_store(run_file, hook.run_dir)  # NaN equals NaN, Inf equals Inf
-    assert rows[0]["tensorlens/gradients/0.weight/nan_count"] == 0
-    assert rows[1]["tensorlens/gradients/0.weight/nan_count"] > 0
-    assert math.isnan(rows[1]["tensorlens/gradients/0.weight/l2"])
-    assert rows[2]["tensorlens/gradients/2.weight/nan_count"] == 24
+    assert rows[0]["tensorlens-gradients/0.weight/nan_count"] == 0
+    assert rows[1]["tensorlens-gradients/0.weight/nan_count"] > 0
+    assert math.isnan(rows[1]["tensorlens-gradients/0.weight/l2"])
+    assert rows[2]["tensorlens-gradients/2.weight/nan_count"] == 24
     with tl.open_run(hook.run_dir) as stored:
         nan_count = stored.tensor("gradients/0.weight").reduction_value(1, "nan_count")
-    assert rows[1]["tensorlens/gradients/0.weight/nan_count"] == nan_count
+    assert rows[1]["tensorlens-gradients/0.weight/nan_count"] == nan_count
 
 
 # ---------------------------------------------------------------------------------------- errors, laziness
@@ -395,7 +402,7 @@ def test_disabled_run_is_skipped(tmp_path: Any) -> None:
         ({"histograms": 1}, "Expected `histograms` to be a bool, but got 1"),
         ({"extra_step_keys": [""]}, "Expected `extra_step_keys` to be"),
         ({"table_every": 0}, "Expected `table_every` to be an integer >= 1, but got 0"),
-        ({"profile": ("gradients",)}, "Expected `profile` to be None or a pair"),
+        ({"profile": ("gradients",)}, "Expected `profile` to be \"panels\", None or a pair"),
         ({"heatmap_tensors": "("}, "Expected `heatmap_tensors` to be"),
         ({"heatmap_tensors": [1]}, "Expected `heatmap_tensors` to be"),
         ({"run": object()}, "Expected `run` to be None or a wandb Run"),

@@ -1,0 +1,175 @@
+"""What tensorlens costs a training loop that already reports to W&B, MLflow and TensorBoard.
+
+Run it from the repository root::
+
+    python benchmarks/trackers.py                          # readable table
+    python benchmarks/trackers.py --json > out.json
+    python benchmarks/trackers.py --tracker-stats all      # the whole store to every tracker
+
+Method (why it is built this way):
+
+- The loop of issue 24: a GPT-2 from ``transformers.GPT2Config`` (``--layers`` blocks,
+  ``--width`` wide, no download), AdamW, and the user's own reporting every step: the loss to a
+  W&B run (offline), an MLflow run (SQLite store in a temporary folder) and a TensorBoard
+  ``SummaryWriter``, all three open for the whole benchmark.
+- Two copies of the model train side by side: ``baseline`` (no tensorlens) and ``tensorlens``
+  (``tl.watch(activations=True, dynamics=True, save_interval=--save-interval)`` with the W&B,
+  MLflow and TensorBoard backends attached to the same runs). Their blocks of ``--block`` steps
+  alternate, so both see the same machine load; the block is a multiple of the save interval,
+  so every tensorlens block has the same saved steps.
+- Timed: each optimizer step (forward, backward, step, the user's three ``log`` calls), on the
+  training thread. Tracker writes happen on tensorlens's background thread, so they show up as
+  time the training thread waits for the GIL. ``close_s`` is ``hook.close()`` at the end
+  (what was still queued for the trackers).
+- ``ratio`` is the tensorlens step time over the baseline's (mean and median); issue 24's target
+  is a mean ratio of at most 1.2. Nothing asserts a time: this is a measuring tool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from typing import Any
+
+import torch
+
+import tensorlens as tl
+
+
+def build_model(layers: int, width: int, seed: int) -> torch.nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    heads = max(1, width // 16)
+    return GPT2LMHeadModel(GPT2Config(n_layer=layers, n_embd=width, n_head=heads, vocab_size=1024, n_positions=128))
+
+
+@contextlib.contextmanager
+def trackers(folder: str) -> Any:
+    """A W&B run (offline), an MLflow run (SQLite) and a TensorBoard writer, open together."""
+    os.environ["WANDB_MODE"] = "offline"
+    os.environ.setdefault("WANDB_SILENT", "true")
+    import mlflow
+    import wandb
+    from torch.utils.tensorboard import SummaryWriter
+
+    mlflow.set_tracking_uri(f"sqlite:///{os.path.join(folder, 'mlflow.db')}")
+    run = wandb.init(project="tensorlens-bench", dir=folder, settings=wandb.Settings(console="off"))
+    mlflow.start_run()
+    writer = SummaryWriter(os.path.join(folder, "tb-user"))
+    try:
+        yield run, mlflow, writer
+    finally:
+        writer.close()
+        mlflow.end_run()
+        run.finish()
+
+
+def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    torch.set_num_threads(args.threads)
+    folder = tempfile.mkdtemp(prefix="tl-bench-trackers-")
+    batch = torch.randint(0, 1024, (args.batch, args.seq))
+    models = {name: build_model(args.layers, args.width, seed=0) for name in ("baseline", "tensorlens")}
+    optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-3) for name, m in models.items()}
+    times: dict[str, list[float]] = {name: [] for name in models}
+    with trackers(folder) as (run, mlflow, writer), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from tensorlens.integrations.tensorboard import TensorBoardBackend
+
+        extra = {} if args.tracker_stats is None else {"tracker_stats": args.tracker_stats}
+        hook = tl.watch(
+            models["tensorlens"], activations=True, dynamics=True, save_interval=args.save_interval,
+            backends=["wandb", "mlflow", TensorBoardBackend(log_dir=os.path.join(folder, "tb"))],
+            out_dir=os.path.join(folder, "store"), **extra,
+        )
+        step = 0
+
+        def train(name: str, n: int, timed: bool) -> None:
+            nonlocal step
+            model, opt = models[name], optimizers[name]
+            for _ in range(n):
+                start = time.perf_counter()
+                loss = model(batch, labels=batch).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                value = float(loss)
+                run.log({f"{name}/loss": value})
+                mlflow.log_metric(f"{name}_loss", value, step=step)
+                writer.add_scalar(f"{name}/loss", value, step)
+                step += 1
+                if timed:
+                    times[name].append(time.perf_counter() - start)
+
+        for name in models:  # warm-up: first calls, the kernel compile, the trackers' first rows
+            train(name, args.block, timed=False)
+        for _ in range(args.rounds):
+            for name in models:
+                train(name, args.block, timed=True)
+        start = time.perf_counter()
+        hook.close()
+        close_s = time.perf_counter() - start
+    base, lens = times["baseline"], times["tensorlens"]
+    result = {
+        "baseline_mean_ms": 1e3 * statistics.fmean(base),
+        "baseline_median_ms": 1e3 * statistics.median(base),
+        "tensorlens_mean_ms": 1e3 * statistics.fmean(lens),
+        "tensorlens_median_ms": 1e3 * statistics.median(lens),
+        "ratio_mean": statistics.fmean(lens) / statistics.fmean(base),
+        "ratio_median": statistics.median(lens) / statistics.median(base),
+        "close_s": close_s,
+        "steps_timed_each": len(base),
+    }
+    return {
+        "meta": {
+            "python": platform.python_version(), "torch": torch.__version__, "threads": args.threads,
+            "layers": args.layers, "width": args.width, "batch": args.batch, "seq": args.seq,
+            "save_interval": args.save_interval, "block": args.block, "rounds": args.rounds,
+            "tracker_stats": args.tracker_stats or os.environ.get("TENSORLENS_TRACKER_STATS") or "default",
+        },
+        "result": result,
+        "target": {"ratio_mean_at_most": 1.2, "met": result["ratio_mean"] <= 1.2},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--save-interval", type=int, default=5)
+    parser.add_argument("--block", type=int, default=10, help="steps per block (a multiple of --save-interval)")
+    parser.add_argument("--rounds", type=int, default=4, help="blocks of each variant, alternating")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--tracker-stats", default=None, help='"default", "all" or names such as l2,histogram')
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if args.block % args.save_interval:
+        parser.error("--block must be a multiple of --save-interval (every block then has the same saved steps)")
+    if args.tracker_stats and args.tracker_stats not in ("default", "all"):
+        args.tracker_stats = [s.strip() for s in args.tracker_stats.split(",") if s.strip()]
+    report = run_benchmark(args)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    r = report["result"]
+    print(f"GPT-2 {args.layers}x{args.width}, W&B offline + MLflow (SQLite) + TensorBoard, activations and dynamics, "
+          f"saved every {args.save_interval} steps, tracker_stats={report['meta']['tracker_stats']}")
+    print(f"  baseline    mean {r['baseline_mean_ms']:8.1f} ms  median {r['baseline_median_ms']:8.1f} ms")
+    print(f"  tensorlens  mean {r['tensorlens_mean_ms']:8.1f} ms  median {r['tensorlens_median_ms']:8.1f} ms")
+    print(f"  ratio       mean {r['ratio_mean']:8.2f}     median {r['ratio_median']:8.2f}     (target <= 1.2)")
+    print(f"  hook.close() {r['close_s']:.2f} s; {r['steps_timed_each']} steps timed per variant")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
