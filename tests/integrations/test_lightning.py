@@ -336,8 +336,9 @@ def test_validation_test_and_predict_get_their_own_modes(tmp_path: Any) -> None:
     table = step_table(callback.hook.run_dir)
     assert [(m, s, g) for m, s, g in table if m == "train"] == [("train", s, s) for s in range(4)]
     # eval mode steps count batches across validation and test, from one stage to the next;
-    # each record keeps the global step it was taken at
-    assert [(s, g) for m, s, g in table if m == "eval"] == [(0, 2), (1, 2), (2, 2), (3, 4), (4, 4), (5, 4), (6, 4), (7, 4), (8, 4)]
+    # each record keeps the step Lightning's loggers log it at: inside fit, the train step it
+    # follows (global_step - 1), in test and validate after fit, global_step
+    assert [(s, g) for m, s, g in table if m == "eval"] == [(0, 1), (1, 1), (2, 1), (3, 3), (4, 3), (5, 3), (6, 4), (7, 4), (8, 4)]
     assert [(s, g) for m, s, g in table if m == "predict"] == [(0, 4), (1, 4)]
 
     run = tl.open_run(callback.hook.run_dir)
@@ -369,7 +370,9 @@ def test_resume_from_checkpoint_continues_steps(tmp_path: Any) -> None:
     table = step_table(str(tmp_path / "run"))
     assert [(s, g) for m, s, g in table if m == "train"] == [(0, 0), (1, 1), (2, 2), (3, 3)]
     # the eval counter came back from the checkpoint: the second run's validation is eval step 1
-    assert [(s, g) for m, s, g in table if m == "eval"] == [(0, 2), (1, 4)]
+    # (each at the step its loggers log it at, Lightning's _batches_that_stepped, which the
+    # resumed loop restores one further on)
+    assert [(s, g) for m, s, g in table if m == "eval"] == [(0, 1), (1, 4)]
 
 
 # ---------------------------------------------------------------------------------------- routing
@@ -401,7 +404,7 @@ def test_tensorboard_logger(name: str, tmp_path: Any) -> None:
     from tensorboard.backend.event_processing.event_accumulator import HISTOGRAMS, SCALARS, EventAccumulator
 
     ns, callback_class = namespace(name)
-    callback = callback_class(save_interval=2)
+    callback = callback_class(save_interval=2, tracker_stats="all")  # every tensor's statistics, read back below
     logger = ns.loggers.TensorBoardLogger(str(tmp_path / "tb"))
     trainer(ns, tmp_path, max_steps=4, logger=logger, callbacks=[callback]).fit(make_model(ns), loader())
 
@@ -409,20 +412,20 @@ def test_tensorboard_logger(name: str, tmp_path: Any) -> None:
     assert callback.hook.run_dir == os.path.join(os.path.abspath(logger.log_dir), "tensorlens")
     events = EventAccumulator(logger.log_dir, size_guidance={SCALARS: 0, HISTOGRAMS: 0})
     events.Reload()
-    series = events.Scalars("tensorlens/gradients/layer.weight/l2")
+    series = events.Scalars("tensorlens-gradients/layer.weight/l2")
     assert [e.step for e in series] == [0, 2]
     run = tl.open_run(callback.hook.run_dir)
     for event in series:
         stored = run.tensor("gradients/layer.weight").reduction_value(step=event.step, name="l2")
         assert event.value == pytest.approx(stored, rel=1e-6)  # TensorBoard keeps float32
-    assert "tensorlens/weights/layer.weight" in events.Tags()["histograms"]
+    assert "tensorlens-weights/layer.weight/histogram" in events.Tags()["histograms"]
     assert callback.hook.backend_stats()["tensorboard"].failed == 0
 
 
 def test_mlflow_logger(tmp_path: Any) -> None:
     pytest.importorskip("mlflow")
     ns, callback_class = namespace("lightning.pytorch")
-    callback = callback_class(save_interval=2)
+    callback = callback_class(save_interval=2, tracker_stats="all")  # every tensor's statistics, read back below
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     # artifacts (histogram files, heatmaps) go to ./mlruns of the working directory unless told
     logger = ns.loggers.MLFlowLogger(
@@ -433,11 +436,14 @@ def test_mlflow_logger(tmp_path: Any) -> None:
     assert sorted(b.name for b in callback.hook.backends) == ["local", "mlflow"]
     assert callback.hook.backend_stats()["mlflow"].failed == 0
     assert callback.hook.run_dir.startswith(os.path.join(str(tmp_path), "tensorlens_runs"))
-    assert logger.run_id in os.path.basename(callback.hook.run_dir)
 
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
+    # named after the MLflow run (a name MLflow chose here), its id kept in the metadata
+    mlflow_name = client.get_run(logger.run_id).info.run_name
+    assert os.path.basename(callback.run_dir) == mlflow_name == callback.hook.run_name
+    assert tl.open_run(callback.run_dir).metadata()["trackers"]["mlflow"] == {"run_name": mlflow_name, "run_id": logger.run_id}
     keys = [k for k in client.get_run(logger.run_id).data.metrics if k.endswith("gradients/layer.weight/l2")]
     assert len(keys) == 1, sorted(client.get_run(logger.run_id).data.metrics)
     history = sorted((m.step, m.value) for m in client.get_metric_history(logger.run_id, keys[0]))
@@ -452,7 +458,7 @@ def test_wandb_logger_offline(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     ns, callback_class = namespace("lightning.pytorch")
-    callback = callback_class(save_interval=2)
+    callback = callback_class(save_interval=2, tracker_stats="all")  # every tensor's statistics, read back below
     logger = ns.loggers.WandbLogger(project="tensorlens-lightning", save_dir=str(tmp_path), offline=True)
     try:
         trainer(ns, tmp_path, max_steps=4, logger=logger, callbacks=[callback]).fit(make_model(ns), loader())
@@ -463,6 +469,7 @@ def test_wandb_logger_offline(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) ->
     assert sorted(b.name for b in callback.hook.backends) == ["local", "wandb"]
     stats = callback.hook.backend_stats()["wandb"]
     assert (stats.written, stats.failed, stats.dropped) == (3, 0, 0)  # steps 0 and 2, then the epoch's aggregates
+    # an unnamed offline W&B run: named after the project and the run id, as Lightning names it
     assert os.path.basename(callback.hook.run_dir) == f"tensorlens-lightning-{run_id}"
     sys.path.insert(0, HERE)
     try:
