@@ -58,6 +58,9 @@ def item_partials(
         at = start + cols[None, :]
         valid = at < n[:, None]
         x = tl.load(base[:, None] + at, mask=valid, other=0.0).to(ACC)
+        is_nan = x != x
+        block_nans = tl.sum((valid & is_nan).to(tl.float64), 1)
+        block_infs = tl.sum((valid & (tl.abs(x) == float("inf"))).to(tl.float64), 1)
         # the block's own moments in the values' precision: deviations from its mean, less
         # (sum of deviations)^2 / c (the corrected two-pass algorithm, in registers)
         c = tl.sum(valid.to(ACC), 1)
@@ -66,33 +69,57 @@ def item_partials(
         dev = tl.where(valid, x - (block_sum / safe)[:, None], 0.0)
         d1 = tl.sum(dev, 1)
         block_m2 = (tl.sum(dev * dev, 1) - d1 * d1 / safe).to(tl.float64)
-        # merged into float64 with Chan's update (an empty block changes nothing; NaN/Inf propagate)
-        c64 = c.to(tl.float64)
-        grown = count + c64
-        weight = c64 / tl.where(grown > 0, grown, 1.0)
-        delta = block_sum.to(tl.float64) / safe.to(tl.float64) - mean
-        m2 = tl.where(c64 > 0, m2 + block_m2 + delta * delta * count * weight, m2)
-        mean = tl.where(c64 > 0, mean + delta * weight, mean)
-        count = grown
-        total += block_sum.to(tl.float64)
-        is_nan = x != x
-        nans += tl.sum((valid & is_nan).to(tl.float64), 1)
-        infs += tl.sum((valid & (tl.abs(x) == float("inf"))).to(tl.float64), 1)
-        # NaN left out of min and max here; a row holding NaN gets NaN bounds in merge_items
-        known = valid & ~is_nan
-        low = tl.minimum(low, tl.min(tl.where(known, x, float("inf")), 1))
-        high = tl.maximum(high, tl.max(tl.where(known, x, float("-inf")), 1))
+        block_total = block_sum.to(tl.float64)
+        abs_total = tl.zeros((ROWS,), tl.float64)
+        abs_block_m2 = tl.zeros((ROWS,), tl.float64)
         if WANT_ABS:
             a = tl.abs(x)
             abs_sum = tl.sum(a, 1)
             dev = tl.where(valid, a - (abs_sum / safe)[:, None], 0.0)
             d1 = tl.sum(dev, 1)
             abs_block_m2 = (tl.sum(dev * dev, 1) - d1 * d1 / safe).to(tl.float64)
-            abs_delta = abs_sum.to(tl.float64) / safe.to(tl.float64) - abs_mean
-            abs_m2 = tl.where(c64 > 0, abs_m2 + abs_block_m2 + abs_delta * abs_delta * (grown - c64) * weight, abs_m2)
+            abs_total = abs_sum.to(tl.float64)
+        # finite values whose float32 sums overflow (3e38 * 4096): the block again in float64, as
+        # the compiled CPU kernel does (rare; a block holding NaN or Inf is NaN/Inf in numpy too)
+        finite = (tl.abs(block_total) < float("inf")) & (tl.abs(block_m2) < float("inf"))
+        finite = finite & (abs_total < float("inf")) & (abs_block_m2 < float("inf"))
+        redo = (block_nans + block_infs == 0) & ~finite
+        if tl.max(redo.to(tl.int32), 0) > 0:
+            x64 = x.to(tl.float64)
+            safe64 = safe.to(tl.float64)
+            total64 = tl.sum(x64, 1)
+            dev64 = tl.where(valid, x64 - (total64 / safe64)[:, None], 0.0)
+            d64 = tl.sum(dev64, 1)
+            block_total = tl.where(redo, total64, block_total)
+            block_m2 = tl.where(redo, tl.sum(dev64 * dev64, 1) - d64 * d64 / safe64, block_m2)
+            a64 = tl.abs(x64)
+            abs64 = tl.sum(a64, 1)
+            dev64 = tl.where(valid, a64 - (abs64 / safe64)[:, None], 0.0)
+            d64 = tl.sum(dev64, 1)
+            abs_total = tl.where(redo, abs64, abs_total)
+            abs_block_m2 = tl.where(redo, tl.sum(dev64 * dev64, 1) - d64 * d64 / safe64, abs_block_m2)
+        # merged into float64 with Chan's update (an empty block changes nothing; NaN/Inf propagate)
+        c64 = c.to(tl.float64)
+        safe64 = tl.where(c64 > 0, c64, 1.0)
+        grown = count + c64
+        weight = c64 / tl.where(grown > 0, grown, 1.0)
+        delta = block_total / safe64 - mean
+        m2 = tl.where(c64 > 0, m2 + block_m2 + delta * delta * count * weight, m2)
+        mean = tl.where(c64 > 0, mean + delta * weight, mean)
+        total += block_total
+        nans += block_nans
+        infs += block_infs
+        # NaN left out of min and max here; a row holding NaN gets NaN bounds in merge_items
+        known = valid & ~is_nan
+        low = tl.minimum(low, tl.min(tl.where(known, x, float("inf")), 1))
+        high = tl.maximum(high, tl.max(tl.where(known, x, float("-inf")), 1))
+        if WANT_ABS:
+            abs_delta = abs_total / safe64 - abs_mean
+            abs_m2 = tl.where(c64 > 0, abs_m2 + abs_block_m2 + abs_delta * abs_delta * count * weight, abs_m2)
             abs_mean = tl.where(c64 > 0, abs_mean + abs_delta * weight, abs_mean)
-            l1 += abs_sum.to(tl.float64)
-            abs_low = tl.minimum(abs_low, tl.min(tl.where(known, a, float("inf")), 1))
+            l1 += abs_total
+            abs_low = tl.minimum(abs_low, tl.min(tl.where(known, tl.abs(x), float("inf")), 1))
+        count = grown
         if WANT_ZEROS:
             zeros += tl.sum((valid & (x == 0.0)).to(tl.float64), 1)
     row = out + rows * 11  # len(ITEM_COLUMNS)
