@@ -81,17 +81,31 @@ def _working_directory(tmp_path_factory: pytest.TempPathFactory) -> object:
     os.chdir(previous)
 
 
-@pytest.fixture(params=["native", "torch"])
+@pytest.fixture(params=["native", "torch", "triton"])
 def kernel(request, monkeypatch):
-    """Run a test with the compiled CPU kernel and with PyTorch ops alone (TENSORLENS_NATIVE=0):
-    both must give the same, exact statistics."""
-    from tensorlens.stats import native
+    """Run a test with the compiled CPU kernel, with PyTorch ops alone (TENSORLENS_NATIVE=0) and with
+    the fused Triton kernels (TENSORLENS_STATS_PATH=triton; on CPU tensors only in Triton's
+    interpreter, TRITON_INTERPRET=1): all must give the same, exact statistics. A session run with
+    TENSORLENS_STATS_PATH set takes that path only (CI runs the suite once more with =triton)."""
+    from tensorlens.stats import native, path
 
+    chosen = os.environ.get("TENSORLENS_STATS_PATH")
+    if chosen and chosen != request.param:
+        pytest.skip(f"this session runs the {chosen} path only (TENSORLENS_STATS_PATH={chosen})")
     if request.param == "torch":
         monkeypatch.setenv("TENSORLENS_NATIVE", "0")
+    if request.param == "triton":
+        if not path.triton_importable():
+            pytest.skip("triton is not installed (pip install --no-deps triton==3.9.0): the Triton path is not tested")
+        if not path.interpreting():
+            pytest.skip("the Triton kernels read CPU tensors only in Triton's interpreter: run with TRITON_INTERPRET=1 "
+                        "(as .ci/run does)")
+        monkeypatch.setenv("TENSORLENS_STATS_PATH", "triton")
     native.reset()
+    path.reset()
     if request.param == "native" and not native.available():
         pytest.skip("no C compiler here: the compiled kernel is not built (PyTorch ops are used)")
     yield request.param
     monkeypatch.undo()
     native.reset()
+    path.reset()
