@@ -24,6 +24,7 @@ import numpy as np
 
 from tensorlens.reports.blocks import histogram_heatmap_spec, line_spec
 from tensorlens.reports.data import LoadOptions, RunData, load_run
+from tensorlens.reports.health import SEVERITIES, module_findings, run_health, severity
 from tensorlens.reports.page import esc, grid, render, rounded, table
 from tensorlens.reports.report import Page
 from tensorlens.stats.views import heatmap_grid
@@ -32,6 +33,8 @@ from tensorlens.stats.views import heatmap_grid
 PARAMETER_KINDS = ("weights", "biases", "gradients", "updates", "dynamics", "optimizer_state")
 #: Collections whose tensors are a module's output or input: the name is the module (plus a path into the output).
 MODULE_KINDS = ("activations", "inputs", "activation_gradients")
+#: Collections of per-module derived tensors (dynamics): ``input_gradients/<module>.<input>/sample_norm``.
+DERIVED_MODULE_KINDS = ("input_gradients",)
 #: Statistics shown first in a module's table, in this order.
 STAT_ORDER = ("numel", "mean", "std", "min", "max", "l2", "l1", "linf", "abs_max", "nan_count", "inf_count", "zero_fraction")
 
@@ -43,12 +46,15 @@ def _split(tensor: str, modules: set[str]) -> tuple[str, str, str]:
         kind, rest = rest.split("/", 1)
     if not rest:
         return kind, "", tensor
-    if kind in MODULE_KINDS:
+    if kind in MODULE_KINDS or kind in DERIVED_MODULE_KINDS:
+        # a statistic derived per module (activations/<module>/sample_norm) belongs to the module
+        # before its "/", unless the whole name is a module's
+        names = [rest] if "/" not in rest else [rest, rest.split("/", 1)[0]]
         if modules:
-            candidates = [rest] + [rest.rsplit(".", k)[0] for k in range(1, rest.count(".") + 1)]
+            candidates = [n.rsplit(".", k)[0] if k else n for n in names for k in range(n.count(".") + 1)]
             owner = next((c for c in candidates if c in modules), "")
         else:
-            owner = rest
+            owner = names[-1]
         return kind, owner, tensor
     if kind in PARAMETER_KINDS:
         owner = rest.rsplit(".", 1)[0] if "." in rest else ""
@@ -130,6 +136,41 @@ def _tensor_payload(data: RunData, tensor: str, rows: int) -> dict[str, Any]:
     return out
 
 
+#: Findings listed per module in the explorer's detail pane at most (the first of each rule and tensor first).
+MAX_MODULE_FINDINGS = 50
+
+
+def health_marks(data: RunData, nodes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each module with findings (the run's health, :func:`~tensorlens.reports.health.run_health`):
+    ``{status, count, rules: [[rule, severity, findings, first step]], findings: [[rule, step, tensor,
+    message]]}``, by module id. A finding belongs to the module of its tensor (the root for a finding
+    about the whole step, or a tensor of no module)."""
+    health = run_health(data)
+    ids = {n["id"] for n in nodes}
+    names = {m["name"] for m in data.modules() or []}
+
+    def owner(tensor: str) -> str:
+        module = _split(tensor, names)[1]
+        while module and module not in ids:
+            module = module.rsplit(".", 1)[0] if "." in module else ""
+        return module
+
+    marks: dict[str, dict[str, Any]] = {}
+    for module, found in module_findings(health, owner).items():
+        by_rule: dict[str, list[Any]] = {}
+        for f in found:
+            by_rule.setdefault(f.rule, []).append(f)
+        rules = sorted(([rule, severity(rule), len(fs), min(f.step for f in fs)] for rule, fs in by_rule.items()),
+                       key=lambda r: (SEVERITIES.index(r[1]) if r[1] in SEVERITIES else 9, r[3], r[0]))
+        firsts: dict[tuple[str, str | None], Any] = {}
+        for f in sorted(found, key=lambda f: f.step):
+            firsts.setdefault((f.rule, f.tensor), f)
+        listed = sorted(firsts.values(), key=lambda f: (f.step, f.rule))[:MAX_MODULE_FINDINGS]
+        marks[module] = {"status": rules[0][1], "count": len(found), "rules": rules,
+                         "findings": [[f.rule, f.step, f.tensor or "", f.message] for f in listed]}
+    return marks
+
+
 def build_explorer(
     run: Any,
     load: LoadOptions | None = None,
@@ -150,8 +191,9 @@ def build_explorer(
     for spec in templates.values():
         spec["height"] = 160
     templates["series"]["encoding"]["color"]["legend"] = None
+    marks = health_marks(data, nodes)
     payload = {"page": "explorer", "charts": {}, "nodes": nodes, "owned": owned, "tensors": tensors,
-               "templates": templates, "described": bool(data.modules())}
+               "templates": templates, "described": bool(data.modules()), "health": marks}
     if data.modules():
         source = "the recorded module list"
     elif data.meta.get("modules"):
@@ -159,9 +201,19 @@ def build_explorer(
     else:
         source = "tensor names (no module list recorded)"
     steps = f"{len(data.steps)} saved steps" + (f", latest {data.steps[-1]}" if data.steps else "")
+    health = run_health(data)
+    flagged = {s: sum(1 for m in marks.values() if m["status"] == s) for s in SEVERITIES}
+    if marks:
+        marked = " · ".join(f"{n} {s}" for s, n in flagged.items() if n)
+        health_line = (f'<p class="tl-meta tl-health-line tl-status-{esc(health.status)}">modules with findings: '
+                       f'{esc(marked)} ({len(health.findings)} findings of {len(health.rules)} rules evaluated on the '
+                       'store; marked in the tree: \u2716 critical, \u25b2 warning)</p>')
+    else:
+        health_line = (f'<p class="tl-meta tl-health-line tl-status-healthy">no finding: {len(health.rules)} rules '
+                       'evaluated on the store</p>')
     body = (
         f'<header class="tl-header"><h1>{esc(title)}</h1><p class="tl-meta">{esc(data.path)} · {esc(steps)} · '
-        f'{len(nodes)} modules from {esc(source)}</p></header>'
+        f'{len(nodes)} modules from {esc(source)}</p>{health_line}</header>'
         '<div class="tl-explorer"><div class="tl-tree-pane"><div class="tl-tree-tools">'
         '<input type="search" class="tl-search" placeholder="search modules" aria-label="search modules">'
         '<button type="button" data-action="expand">expand all</button>'

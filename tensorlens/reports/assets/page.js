@@ -169,6 +169,7 @@
   function setupExplorer() {
     var nodes = payload.nodes, byId = new Map(), kids = new Map(), folded = new Set(), items = new Map();
     var owned = toMap(payload.owned), tensors = toMap(payload.tensors), selected = null, query = "";
+    var health = toMap(payload.health), below = new Map();  // module -> its findings; -> the worst status under it
     nodes.forEach(function (n) { byId.set(n.id, n); kids.set(n.id, []); });
     nodes.forEach(function (n) { if (isSet(n.parent) && kids.has(n.parent)) kids.get(n.parent).push(n.id); });
     function preorder() {  // every node below the root, parents first, siblings in order
@@ -194,6 +195,16 @@
       });
     });
     var order = preorder(), depth = new Map([["", 0]]);
+    var RANK = {critical: 2, warning: 1};
+    // a folded module shows the worst status of the modules under it (a dot), so marks are found from the top
+    order.slice().reverse().forEach(function (id) {
+      var worst = 0;
+      kids.get(id).forEach(function (k) {
+        var m = health.get(k);
+        worst = Math.max(worst, below.get(k) || 0, m ? RANK[m.status] || 1 : 0);
+      });
+      below.set(id, worst);
+    });
     order.forEach(function (id) { kids.get(id).forEach(function (k) { depth.set(k, depth.get(id) + 1); }); });
     if (nodes.length > 80) order.forEach(function (id) { if (kids.get(id).length && depth.get(id) >= 2) folded.add(id); });
 
@@ -212,6 +223,9 @@
       });
       var k = kids.get(n.id).length;
       if (k) lines.push(k + (k === 1 ? " child" : " children"));
+      var m = health.get(n.id);
+      if (m) m.rules.forEach(function (r) { lines.push(r[1] + ": " + r[0] + ", " + r[2] + " finding" + (r[2] === 1 ? "" : "s") + " from step " + r[3]); });
+      else if (below.get(n.id)) lines.push((below.get(n.id) === 2 ? "critical" : "warning") + " findings below");
       return lines.join("\n");
     }
     var treeEl = document.getElementById("tl-tree"), count = document.querySelector(".tl-tree-pane .tl-filter-count");
@@ -232,6 +246,15 @@
       row.appendChild(toggle);
       row.appendChild(name);
       if (n.type) row.appendChild(text("span", "tl-type", n.type));
+      var mark = health.get(id);
+      if (mark) {
+        var badge = row.appendChild(text("span", "tl-mark tl-mark-" + mark.status, (mark.status === "critical" ? "\u2716 " : "\u25b2 ") + mark.count));
+        badge.setAttribute("aria-label", mark.status + ": " + mark.count + " finding" + (mark.count === 1 ? "" : "s"));
+        row.classList.add("tl-has-" + mark.status);
+      } else if (below.get(id)) {
+        var dot = row.appendChild(text("span", "tl-mark-below tl-mark-" + (below.get(id) === 2 ? "critical" : "warning"), "\u25cf"));
+        dot.setAttribute("aria-label", "findings below");
+      }
       var mine = (owned.get(id) || []).length;
       if (mine) row.appendChild(text("span", "tl-tensors", mine + (mine === 1 ? " tensor" : " tensors")));
       var more = row.appendChild(text("span", "tl-more", ""));
@@ -338,6 +361,22 @@
       Object.keys(n.parameters || {}).forEach(function (p) {
         detail.appendChild(text("div", "tl-kv", "parameter " + p + ": [" + n.parameters[p].join(", ") + "]"));
       });
+      var mark = health.get(id);
+      if (mark) {
+        detail.appendChild(text("p", "tl-findings-title tl-mark-" + mark.status, "Findings: " + mark.count + " (" + mark.status + ")"));
+        var ft = document.createElement("table"), fh = document.createElement("tr"), fb = document.createElement("tbody");
+        ft.className = "tl-table tl-findings";
+        ["rule", "first step", "tensor", "message"].forEach(function (c) { fh.appendChild(text("th", "", c)); });
+        mark.findings.forEach(function (f) {
+          var tr = document.createElement("tr");
+          [f[0], String(f[1]), f[2] || "-", f[3]].forEach(function (c) { tr.appendChild(text("td", "", c)); });
+          fb.appendChild(tr);
+        });
+        var fhead = document.createElement("thead");
+        fhead.appendChild(fh); ft.appendChild(fhead); ft.appendChild(fb);
+        var fwrap = document.createElement("div"); fwrap.className = "tl-table-wrap"; fwrap.appendChild(ft);
+        detail.appendChild(fwrap);
+      }
       var mine = owned.get(id) || [];
       if (!mine.length) detail.appendChild(text("p", "tl-note", "No tensor of this module was recorded" +
         (kids.get(id).length ? "; its children's are (click one in the tree)." : ".")));
@@ -375,6 +414,14 @@
       redraw: function () { update(); return Promise.resolve(true); },
       rows: function () {  // what the tree shows now, for tests: [id, label, folded, matched]
         return order.filter(shown).map(function (id) { return [id, byId.get(id).label, folded.has(id), matches(id)]; });
+      },
+      marks: function () {  // the health marks the tree shows, for tests: [id, status, count text]
+        var out = [];
+        items.forEach(function (it, id) {
+          var m = it.row.querySelector(".tl-mark");
+          if (m) out.push([id, health.get(id).status, m.textContent]);
+        });
+        return out;
       },
     };
     // open on the first module that owns tensors, so the page is never empty
