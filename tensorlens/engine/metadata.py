@@ -31,6 +31,7 @@ from tensorlens._version import __version__
 from tensorlens.config import ReductionConfig
 from tensorlens.engine.run_names import current_naming, tracker_metadata
 from tensorlens.names import record_safe
+from tensorlens.stats.path import describe as stats_path
 
 #: ``git rev-parse`` gets this long; a slow or hung git never holds a run up for longer.
 GIT_TIMEOUT_S = 2.0
@@ -70,6 +71,8 @@ def run_metadata(recorder: Any, sources: Iterable[Any] = (), trackers: Mapping[s
         # None means each collection's defaults: those of a plain ReductionConfig for parameters
         "reductions": _fields(recorder.reduction_config or ReductionConfig()),
         "histograms": _fields(recorder.histogram_config),
+        # native, triton or torch (TENSORLENS_STATS_PATH): the path the model's devices take
+        "stats_path": stats_path((model["device"] or "cpu").split(",")),
     }
     dynamics = getattr(recorder, "dynamics", None)
     if dynamics is not None and "dynamics" in config["collections"]:
