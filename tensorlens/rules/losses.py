@@ -93,7 +93,8 @@ class LossNotDecreasing(Rule):
     consecutive saved losses (robustly: 1.4826 times their median absolute deviation, over
     ``sqrt(2)``; the last 256). A minibatch loss varies by tens of percent from batch to batch, so
     without this a healthy run fires; ``noise_tolerance=0`` compares the means alone, as SageMaker.
-    Until three changes are known a rise is not judged. ``mode``: only records of that mode;
+    Until five changes are known a rise is not judged (a noise read from fewer is a guess; a
+    diverging loss rises by far more than 4 standard errors). ``mode``: only records of that mode;
     ``None``: train losses (global ones for records without a mode); eval losses only with
     ``mode="eval"``, as a window of eval steps compares batches of one evaluation.
     """
@@ -102,7 +103,7 @@ class LossNotDecreasing(Rule):
 
     def __init__(self, collection_names: Any = None, tensor_regex: Any = None, use_losses_collection: Any = True,
                  num_steps: Any = 10, diff_percent: Any = 0.1, increase_threshold_percent: Any = 5,
-                 mode: ModeKeys | str | None = None, noise_tolerance: Any = 3.0, **kwargs: Any) -> None:
+                 mode: ModeKeys | str | None = None, noise_tolerance: Any = 4.0, **kwargs: Any) -> None:
         self.collection_names, self.tensor_regex = collection_names, tensor_regex
         self.use_losses_collection = to_bool("use_losses_collection", use_losses_collection)
         self.num_steps = to_int("num_steps", num_steps, minimum=1)
@@ -151,7 +152,7 @@ class LossNotDecreasing(Rule):
     def _noise(self, key: tuple[str, str, str]) -> float | None:
         """The standard deviation of one saved loss around its trend, or ``None`` while unknown."""
         changes = self._changes.get(key, ())
-        if len(changes) < 3:
+        if len(changes) < 5:
             return None
         middle = statistics.median(changes)
         return 1.4826 * statistics.median(abs(c - middle) for c in changes) / math.sqrt(2.0)
