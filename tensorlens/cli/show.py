@@ -119,11 +119,18 @@ def _step_table(run, record: StepRecord, tensors: list[str], wanted: Sequence[st
     steps = run.steps() if record.mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL) else run.steps(record.mode)
     where = f"step {record.step}" if record.mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL) else \
         f"{record.mode} step {record.mode_step} (at train step {record.step})"
-    yield f"run {run.path}  ·  {where}  ·  {record.worker}  ·  {len(steps)} saved steps: {_span(steps)}"
+    yield f"run {run.path}  ·  {where}  ·  {record.worker}  ·  {len(steps)} saved steps: {_span(steps)}{_stats_path(run)}"
     if not rows:
         yield "(no statistic of these tensors at this step)"
         return
     yield from _table(["tensor", *columns], rows, optional, wide)
+
+
+def _stats_path(run) -> str:  # noqa: ANN001 - a Run
+    """``  ·  statistics: <path>``: the path that computed the run's statistics (native, triton or
+    torch; TENSORLENS_STATS_PATH), as its metadata records it; nothing for a run that does not."""
+    found = run.metadata().get("config", {}).get("stats_path")
+    return f"  ·  statistics: {found}" if isinstance(found, str) else ""
 
 
 def _series_table(run, tensor: str, wanted: Sequence[str], mode: str | None, worker: str | None,  # noqa: ANN001
