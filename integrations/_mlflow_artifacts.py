@@ -1,24 +1,32 @@
 """What the MLflow backend uploads besides metrics: histograms as compact JSON artifacts, one file
-per ``histogram_every`` saved steps, and at ``close()`` one heatmap image per tensor of its
-histogram over time (drawn with matplotlib, imported only when a heatmap is drawn).
+per ``histogram_every`` saved steps, and at ``close()`` one image per collection and statistic
+holding every layer (:class:`LayerHistory`, drawn by :class:`LayerPainter` with matplotlib, which
+is imported only when an image is drawn: the ``[plot]`` extra).
+
+MLflow has no chart of many series under one key, so a per-layer panel of the payload
+(:class:`~tensorlens.backends.payload.LayerPanel`) becomes one image: a heatmap of the statistic
+of every layer over the saved steps, beside its profile at the last step. Their number is bounded
+by the collections and panel statistics, not by the tensors or the steps.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from tensorlens.backends.base import RunInfo
+from tensorlens.backends.payload import LayerPanel
 from tensorlens.modes import ModeKeys
 from tensorlens.records import HistogramEntry, StepRecord
-from tensorlens.stats.views import StrideThinner, heatmap_grid
+from tensorlens.stats.views import StrideThinner
 
-# Heatmaps keep at most this many columns per tensor (every other one is dropped when full).
-_HEATMAP_COLUMNS = 256
-_HEATMAP_ROWS = 100
-_HEATMAP_LOG_FLOOR = -4.0  # colours span fractions 1e-4 .. 1; smaller ones are drawn at the floor
+# A layer image keeps at most this many saved steps (every other one is dropped when full).
+MAX_IMAGE_STEPS = 256
+# Statistics drawn on a linear colour scale (fractions); every other one (norms, ratios) on log10.
+_LINEAR_STATS = frozenset({"dead_fraction", "active_rate_mean", "saturation_fraction", "zero_fraction"})
 
 
 class HistogramChunk:
@@ -34,13 +42,14 @@ class HistogramChunk:
         # the first mode step names the file: fixed once the chunk begins, unique within a mode
         return f"histograms-{self.records[0]['mode_step']:09d}.json"
 
-    def add(self, record: StepRecord) -> None:
+    def add(self, record: StepRecord, histograms: Sequence[HistogramEntry]) -> None:
+        """``histograms``: those of ``record`` that the payload sends."""
         self.records.append({
             "step": record.step,
             "mode_step": record.mode_step,
             "wall_time": record.wall_time,
             "worker": record.worker,
-            "histograms": {h.tensor: histogram_json(h) for h in record.histograms},
+            "histograms": {h.tensor: histogram_json(h) for h in histograms},
         })
         self.dirty = True
 
@@ -75,69 +84,82 @@ def histogram_json(h: HistogramEntry) -> dict[str, Any]:
     }
 
 
-class HeatmapColumns:
-    """One tensor's histograms over time, thinned by :class:`~tensorlens.stats.views.StrideThinner`:
-    when ``2 * _HEATMAP_COLUMNS`` columns are reached, every other one is dropped."""
+class LayerHistory:
+    """One panel (a collection's statistic of every layer) over the saved steps of one mode,
+    thinned by :class:`~tensorlens.stats.views.StrideThinner` to :data:`MAX_IMAGE_STEPS` columns.
 
-    def __init__(self) -> None:
-        self._kept = StrideThinner(2 * _HEATMAP_COLUMNS - 1)
+    Layers are kept in the order they first appear (the model's); a layer missing at a step is
+    blank there."""
+
+    def __init__(self, collection: str, stat: str) -> None:
+        self.collection = collection
+        self.stat = stat
+        self.layers: dict[str, int] = {}
+        self._kept = StrideThinner(MAX_IMAGE_STEPS)
         self._seen = 0
 
-    def add(self, step: int, histogram: HistogramEntry) -> None:
-        self._kept.add(self._seen, (step, np.asarray(histogram.counts, dtype=np.float64), np.asarray(histogram.edges, dtype=np.float64)))
+    def add(self, step: int, panel: LayerPanel) -> None:
+        for layer in panel.layers:
+            self.layers.setdefault(layer, len(self.layers))
+        self._kept.add(self._seen, (step, panel.layers, np.asarray(panel.values, dtype=np.float64)))
         self._seen += 1
 
-    @property
-    def steps(self) -> list[int]:
-        return [step for step, _, _ in self._kept.values(latest=False)]
-
-    @property
-    def counts(self) -> list[np.ndarray]:
-        return [counts for _, counts, _ in self._kept.values(latest=False)]
-
-    @property
-    def edges(self) -> list[np.ndarray]:
-        return [edges for _, _, edges in self._kept.values(latest=False)]
+    def grid(self) -> tuple[list[int], np.ndarray]:
+        """The kept steps and a ``[layers, steps]`` array of values (NaN where a layer is missing)."""
+        columns = self._kept.values(latest=True)
+        grid = np.full((len(self.layers), len(columns)), np.nan)
+        for column, (_, layers, values) in enumerate(columns):
+            grid[[self.layers[layer] for layer in layers], column] = values
+        return [step for step, _, _ in columns], grid
 
 
-class HeatmapPainter:
-    """Draws heatmaps into one reused figure: axes, colorbar and layout are built once, which
-    makes each image several times cheaper than a fresh figure (savefig is most of what is left)."""
+class LayerPainter:
+    """Draws :class:`LayerHistory` images into one reused figure (no pyplot, no global state:
+    safe off the main thread): the statistic of every layer over steps as a heatmap, and its
+    profile at the last step, layers top to bottom in the model's order."""
 
     def __init__(self) -> None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.cm import ScalarMappable
-        from matplotlib.colors import Normalize
         from matplotlib.figure import Figure
 
-        self.figure = Figure(figsize=(7, 3.6), dpi=100)
-        FigureCanvasAgg(self.figure)  # an Agg canvas: no pyplot, no global state, safe off the main thread
-        # fixed axes rectangles instead of tight_layout, which costs more than drawing the image
-        self.axes = self.figure.add_axes((0.10, 0.14, 0.76, 0.76))
-        colorbar_axes = self.figure.add_axes((0.88, 0.14, 0.025, 0.76))
-        self.scale = ScalarMappable(norm=Normalize(_HEATMAP_LOG_FLOOR, 0.0), cmap="viridis")
-        self.figure.colorbar(self.scale, cax=colorbar_axes, label="log10 fraction of values")
-        self.mesh: Any = None
+        self._figure_type = Figure
+        self._canvas_type = FigureCanvasAgg
 
-    def draw(self, columns: HeatmapColumns, title: str, xlabel: str, path: str) -> None:
-        grid, image = heatmap_grid(columns.counts, columns.edges, _HEATMAP_ROWS, axis="range")
-        low, high = float(grid[0]), float(grid[-1])
-        steps = np.asarray(columns.steps, dtype=np.float64)
-        # column boundaries halfway between saved steps, so uneven save intervals are drawn to scale
-        if len(steps) > 1:
-            middle = (steps[:-1] + steps[1:]) / 2
-            x = np.concatenate([[2 * steps[0] - middle[0]], middle, [2 * steps[-1] - middle[-1]]])
-        else:
-            x = np.array([steps[0] - 0.5, steps[0] + 0.5])
-        # empty cells stay blank; tiny fractions are drawn in the floor colour
-        positive = image > 0
-        shown = np.ma.array(np.maximum(np.log10(np.where(positive, image, 1.0)), _HEATMAP_LOG_FLOOR), mask=~positive)
-        if self.mesh is not None:
-            self.mesh.remove()
-        self.mesh = self.axes.pcolormesh(x, grid, shown, norm=self.scale.norm, cmap=self.scale.cmap, shading="flat")
-        self.axes.set_xlim(x[0], x[-1])
-        self.axes.set_ylim(low, high)
-        self.axes.set_title(title, fontsize=9)
-        self.axes.set_xlabel(xlabel)
-        self.axes.set_ylabel("value")
-        self.figure.savefig(path)
+    def draw(self, history: LayerHistory, title: str, xlabel: str, path: str) -> None:
+        steps, grid = history.grid()
+        layers = list(history.layers)
+        linear = history.stat in _LINEAR_STATS
+        finite = np.isfinite(grid)
+        shown = grid.copy()
+        if not linear:  # norms and ratios span decades: log10 of the magnitude
+            with np.errstate(divide="ignore", invalid="ignore"):
+                shown = np.where(finite & (np.abs(grid) > 0), np.log10(np.abs(grid)), np.nan)
+        height = min(2.0 + 0.12 * len(layers), 14.0)
+        figure = self._figure_type(figsize=(11, height), dpi=100)
+        self._canvas_type(figure)
+        # fixed rectangles, no shared axes and few ticks: matplotlib spends its time on ticks and layout
+        bottom, top = 0.5 / height, 1 - 0.35 / height
+        heat = figure.add_axes((0.22, bottom, 0.5, top - bottom))
+        bar = figure.add_axes((0.735, bottom, 0.012, top - bottom))
+        profile = figure.add_axes((0.80, bottom, 0.18, top - bottom))
+        image = heat.imshow(
+            np.ma.masked_invalid(shown), aspect="auto", interpolation="nearest", cmap="viridis",
+            extent=(-0.5, len(steps) - 0.5, len(layers) - 0.5, -0.5),
+        )
+        figure.colorbar(image, cax=bar, label=history.stat if linear else f"log10 {history.stat}")
+        ticks = np.unique(np.linspace(0, len(steps) - 1, min(len(steps), 8)).round().astype(int))
+        heat.set_xticks(ticks, [str(steps[i]) for i in ticks])
+        heat.set_xlabel(xlabel)
+        heat.set_title(title, fontsize=9)
+        label_every = max(1, -(-len(layers) // 40))  # at most 40 layer names: readable on deep models
+        heat.set_yticks(range(0, len(layers), label_every), layers[::label_every], fontsize=6)
+        last = grid[:, -1]
+        positive = np.isfinite(last) & (last > 0)
+        profile.barh(np.arange(len(layers)), np.where(np.isfinite(last), last, 0.0), height=0.8, color="#4c72b0")
+        if not linear and positive.any():
+            profile.set_xscale("log")
+            profile.set_xlim(float(last[positive].min()) / 2, float(last[positive].max()) * 2)
+        profile.set_ylim(len(layers) - 0.5, -0.5)
+        profile.set_yticks([])
+        profile.set_title(f"step {steps[-1]}", fontsize=9)
+        figure.savefig(path)

@@ -1,22 +1,28 @@
 """The ``"mlflow"`` backend: statistics as MLflow metrics, histograms as quantiles and artifacts.
 
-What reaches the MLflow run (``prefix="tensorlens"``):
+What reaches the MLflow run (``prefix="tensorlens"``) is the record's payload
+(:mod:`tensorlens.backends.payload`, ``tracker_stats``: ``"default"``, ``"all"`` or statistic
+names), under the keys of :mod:`tensorlens.backends.keys`:
 
-- every scalar of a record as a metric ``tensorlens/<collection>/<tensor>/<stat>`` at
-  ``step=record.step`` (the global optimizer step) with the record's wall time; records of other
-  modes get a mode infix, ``tensorlens/eval/<collection>/<tensor>/<stat>``;
-- the quantiles of every histogram, ``.../p01 p05 p25 p50 p75 p95 p99``: recorded statistics of
-  the record (``HistogramConfig.quantiles``), which the local store and every backend get alike;
-- the histograms themselves as compact JSON artifacts, one file per ``histogram_every`` saved
+- each scalar of the payload as a metric at ``step=record.step`` (the global optimizer step) with
+  the record's wall time: the global dynamics ``tensorlens/dynamics/global/grad_norm``, derived
+  global values ``tensorlens/nonfinite_count``, a tensor's statistic
+  ``tensorlens-gradients/fc1.weight/l2``, plain values ``tensorlens-losses/loss``; records of other
+  modes or of another worker name them in the section (``tensorlens-eval-activations/...``).
+  MLflow's "Model metrics" tab groups charts by everything before a key's last ``/``: the global
+  dynamics are one group of a few charts, each tensor one more;
+- the payload's histograms as compact JSON artifacts, one file per ``histogram_every`` saved
   steps holding every tensor (``tensorlens/histograms/<mode>/histograms-<first mode step>.json``);
-- at ``close()``, one PNG heatmap per tensor of its histogram over time
-  (``tensorlens/heatmaps/<mode>/<tensor>.png``), when matplotlib is installed;
+- at ``close()``, one image per collection and statistic of the payload's per-layer panels (the
+  statistic of every layer over the steps, and its profile at the last step), logged with
+  ``log_image`` under the panel's key (``tensorlens-gradients/per-layer/l2``) so that the "Model
+  metrics" tab shows it in the collection's group, when matplotlib is installed;
 - rule findings (:mod:`tensorlens.rules`): the tag ``tensorlens.rules.<rule>`` with the latest
   message and the metric ``tensorlens/rules/<rule>``, the count of the rule's findings so far,
   at each finding's step.
 
 Metric keys are made acceptable to MLflow by :func:`mlflow_metric_key` and kept unique by
-:class:`MetricKeyMapper`. ``mlflow`` itself is imported only when a backend is created.
+:class:`MetricKeyMapper`: a key gets a hash suffix only where two series could share it. ``mlflow`` itself is imported only when a backend is created.
 
 >>> import mlflow, tensorlens as tl
 >>> with mlflow.start_run():                   # doctest: +SKIP
@@ -39,12 +45,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, RunInfo
-from tensorlens.backends.keys import PRIMARY_WORKERS, key_parts
+from tensorlens.backends.keys import PRIMARY_WORKERS, global_key, key_parts, panel_key, split_key, tracker_key
 from tensorlens.backends.optional import import_optional, is_lightning_logger
+from tensorlens.backends.payload import LayerPanel, check_tracker_stats
 from tensorlens.engine.metadata import flatten
 from tensorlens.findings import Finding
 from tensorlens.integrations import _mlflow_replay
-from tensorlens.integrations._mlflow_artifacts import HeatmapColumns, HeatmapPainter, HistogramChunk
+from tensorlens.integrations._mlflow_artifacts import HistogramChunk, LayerHistory, LayerPainter
 from tensorlens.integrations._mlflow_keys import (
     MAX_KEY_LENGTH,
     MODE_NAMES,
@@ -61,6 +68,9 @@ from tensorlens.stats.views import histogram_quantiles
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
+
+# epoch records name their tensors "epochs/<tensor>" (tensorlens.dispatch.epochs)
+_EPOCHS = "epochs/"
 
 __all__ = [
     "MAX_KEY_LENGTH",
@@ -83,9 +93,9 @@ MAX_PARAM_LENGTH = 6000
 # Async mode: wait for the oldest batches once this many are in flight, so memory stays bounded
 # and failures surface while training runs instead of only at close().
 _MAX_PENDING_ASYNC = 32
-# close() draws heatmaps for at most this long (the dispatcher waits for a backend's close() until
-# its close timeout, 60 s by default)
-_HEATMAP_BUDGET_S = 30.0
+# close() draws the per-layer images for at most this long (the dispatcher waits for a backend's
+# close() until its close timeout, 60 s by default); a dozen images take a few seconds
+_IMAGE_BUDGET_S = 30.0
 
 
 def _import_mlflow() -> Any:
@@ -96,7 +106,7 @@ def _import_mlflow() -> Any:
 
 
 class MLflowBackend(Backend):
-    """Sends records to an MLflow run: metrics, quantiles of histograms, histogram artifacts, heatmaps.
+    """Sends records to an MLflow run: metrics, histogram artifacts, per-layer images.
 
     Args:
         tracking_uri: where the run lives; default: ``mlflow.get_tracking_uri()`` when the backend
@@ -110,8 +120,11 @@ class MLflowBackend(Backend):
             them at ``flush()``/``close()`` (and when 32 batches are in flight).
         histogram_every: saved steps per histogram artifact (one JSON file for all tensors);
             ``0`` sends no histogram artifacts (quantile metrics are always sent).
-        heatmaps: at ``close()``, one heatmap image per tensor of its histogram over time
-            (skipped when matplotlib is not installed).
+        heatmaps: at ``close()``, one image per collection and statistic of the per-layer panels
+            (every layer over the steps; skipped when matplotlib is not installed).
+        tracker_stats: what is sent of each record (:mod:`tensorlens.backends.payload`):
+            ``"default"``, ``"all"`` or statistic names; ``None`` takes the run's option, then
+            ``$TENSORLENS_TRACKER_STATS``, then ``"default"``.
 
     >>> hook = tl.watch(model, backends=[MLflowBackend(tracking_uri="http://127.0.0.1:5000", run_id=rid)])  # doctest: +SKIP
     """
@@ -139,6 +152,7 @@ class MLflowBackend(Backend):
         synchronous: bool = True,
         histogram_every: int = 10,
         heatmaps: bool = True,
+        tracker_stats: str | list[str] | tuple[str, ...] | None = None,
     ) -> None:
         if tracking_uri is not None and (not isinstance(tracking_uri, str) or not tracking_uri):
             raise expected("tracking_uri", "None or a non-empty string", tracking_uri)
@@ -152,6 +166,7 @@ class MLflowBackend(Backend):
             raise expected("histogram_every", "an integer >= 0 (0 turns histogram artifacts off)", histogram_every)
         if not isinstance(heatmaps, bool):
             raise expected("heatmaps", "a bool", heatmaps)
+        self.tracker_stats = check_tracker_stats("tracker_stats", tracker_stats)
         mlflow = _import_mlflow()
         if client is not None:
             if not isinstance(client, mlflow.MlflowClient):
@@ -182,7 +197,10 @@ class MLflowBackend(Backend):
         self._run: RunInfo | None = None
         self._pending: list[Any] = []  # RunOperations of asynchronous log_batch calls
         self._chunks: dict[ModeKeys, HistogramChunk] = {}
-        self._columns: dict[tuple[ModeKeys, str], HeatmapColumns] = {}
+        self._layers: dict[tuple[ModeKeys, str | None, str, str], LayerHistory] = {}
+        # (mode, worker, record key) -> MLflow key: the payload names series by record key, and a
+        # key is mapped once per run
+        self._metric_keys: dict[tuple[ModeKeys, str | None, str], str] = {}
         self._tmp: str | None = None
         self._finding_counts: dict[str, int] = {}
         self._last_timestamp = 0
@@ -227,6 +245,7 @@ class MLflowBackend(Backend):
         )
         self._tmp = tempfile.mkdtemp(prefix="tensorlens-mlflow-")
         self._last_timestamp = 0
+        self.open_payload(run)
 
     def write_metadata(self, metadata: Mapping[str, Any]) -> None:
         """The run's metadata as MLflow params ``<prefix>.<key>`` (flattened, values cut at
@@ -263,15 +282,14 @@ class MLflowBackend(Backend):
             self._finding_counts[record.rule] = self._finding_counts.get(record.rule, 0) + 1
             return
         self._last_timestamp = max(int(record.wall_time * 1000), self._last_timestamp + 1)
-        if self.histogram_every and record.histograms:
+        payload = self.payload(record)  # the selector remembers the tensors that held NaN or Inf
+        if self.histogram_every and payload.histograms:
             chunk = self._chunk(record.mode)
-            chunk.add(record)
+            chunk.add(record, payload.histograms)
             chunk.dirty = False  # uploaded by the earlier session
             if len(chunk.records) >= self.histogram_every:
                 self._chunks.pop(record.mode, None)
-        if self.heatmaps:
-            for histogram in record.histograms:
-                self._columns.setdefault((record.mode, histogram.tensor), HeatmapColumns()).add(record.mode_step, histogram)
+        self._add_panels(record, payload.panels)
 
     def write(self, record: StepRecord) -> None:
         from mlflow.entities import Metric
@@ -284,18 +302,26 @@ class MLflowBackend(Backend):
         # record's timestamp after the previous one.
         timestamp = max(int(record.wall_time * 1000), self._last_timestamp + 1)
         self._last_timestamp = timestamp
+        payload = self.payload(record)
         # one value per metric: a series named twice in a record keeps its last value, as the reader does
         values: dict[str, float] = {}
-        for (tensor, stat), value in zip(record.scalar_names, record.scalar_values.tolist(), strict=True):
-            values[self.metric_key(tensor, stat, record.mode, record.worker)] = value
+        keys = self._metric_keys
+        names: dict[str, tuple[str, str]] | None = None
+        for name, value in payload.scalars:
+            key = keys.get((record.mode, record.worker, name))
+            if key is None:
+                if names is None:  # the series' structure, read once per record with a new series
+                    names = {f"{t}/{s}" if s else t: (t, s) for t, s in record.scalar_names}
+                tensor, stat = names[name]
+                key = keys[(record.mode, record.worker, name)] = self.metric_key(tensor, stat, record.mode, record.worker)
+            values[key] = value
+        for name, value in payload.globals:
+            values[self.global_metric_key(name, record.mode, record.worker)] = value
         metrics = [Metric(key, value, timestamp, record.step) for key, value in values.items()]
 
-        if self.histogram_every and record.histograms:
-            self._chunk(record.mode).add(record)
-        if self.heatmaps:
-            for histogram in record.histograms:
-                # mode steps on the x axis: every eval step of one evaluation shares its global step
-                self._columns.setdefault((record.mode, histogram.tensor), HeatmapColumns()).add(record.mode_step, histogram)
+        if self.histogram_every and payload.histograms:
+            self._chunk(record.mode).add(record, payload.histograms)
+        self._add_panels(record, payload.panels)
 
         chunk = self._chunks.get(record.mode)
         full = chunk if chunk is not None and len(chunk.records) >= self.histogram_every else None
@@ -347,16 +373,16 @@ class MLflowBackend(Backend):
         if self._client is None:
             return
         errors: list[BaseException] = []
-        for step in (self.flush, self._upload_heatmaps):
+        for step in (self.flush, self._upload_layer_images):
             try:
                 step()
             except ConnectionError as err:  # the server is down: nothing else can reach it either
                 errors.append(err)
                 break
-            except Exception as err:  # keep going: the heatmaps do not depend on the chunks
+            except Exception as err:  # keep going: the images do not depend on the chunks
                 errors.append(err)
         self._chunks.clear()
-        self._columns.clear()
+        self._layers.clear()
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
@@ -369,36 +395,58 @@ class MLflowBackend(Backend):
         self, tensor: str, stat: str | None = None, mode: ModeKeys | str = ModeKeys.TRAIN, worker: str | None = None
     ) -> str:
         """The MLflow metric that holds the series ``stat`` of ``tensor`` (``None``/``""``: the plain
-        scalar ``tensor``; a quantile suffix such as ``"p50"``: a quantile of its histogram) in ``mode``.
+        scalar ``tensor``) in ``mode``, as the payload sends it.
 
-        The readable key ``<prefix>/[<mode>/][<worker>/]<tensor>[/<stat>]`` is kept when it names
-        this series and no other: the mode infix is a mode, the worker infix is ``worker_<n>``, the
-        tensor's collection is neither, a statistic is one of :data:`SERIES_SUFFIXES` and a plain
-        scalar's name does not end in one; otherwise (and for keys MLflow would refuse) the key
-        gets a hash suffix of the series' identity (see :class:`MetricKeyMapper`).
+        The readable key of :func:`tensorlens.backends.keys.tracker_key` (``<prefix>/dynamics/global/<stat>``,
+        ``<prefix>[-<mode>][-<worker>]-<collection>/<tensor>[/<stat>]``) is kept when it names this
+        series and no other: the mode and worker parts are a mode and ``worker_<n>``, the collection
+        is neither and holds no ``-``, the tensor has a collection (two parts or more), epoch
+        tensors (``epochs/...``) come in epoch records only, a statistic is one of
+        :data:`SERIES_SUFFIXES`, and a plain scalar of three parts or more does not end in one.
+        Otherwise (and for keys MLflow would refuse) the key gets a hash suffix of the series'
+        identity (see :class:`MetricKeyMapper`).
 
+        >>> backend.metric_key("dynamics/global", "grad_norm")  # doctest: +SKIP
+        'tensorlens/dynamics/global/grad_norm'
         >>> backend.metric_key("gradients/fc1.weight", "l2", mode="eval")  # doctest: +SKIP
-        'tensorlens/eval/gradients/fc1.weight/l2'
-        >>> backend.metric_key("summaries/grad/l2")  # a plain scalar  # doctest: +SKIP
-        'tensorlens/summaries/grad/l2-f9fa4e79'
+        'tensorlens-eval-gradients/fc1.weight/l2'
+        >>> backend.metric_key("summaries/grad/l2")  # a plain scalar beside summaries/grad's l2  # doctest: +SKIP
+        'tensorlens-summaries/grad/l2-f9fa4e79'
         """
         stat = stat or ""
+        mode = ModeKeys.coerce(mode)
         infix = key_parts("", mode, worker)  # the mode and worker parts (see tensorlens.backends.keys)
         named_worker = str(worker) if worker is not None and worker not in PRIMARY_WORKERS else None
-        parts = [p for p in (self.prefix, *infix, tensor, stat) if p]
-        first = tensor.split("/", 1)[0]
-        last = tensor.rsplit("/", 1)[-1]
+        readable = tracker_key(self.prefix, mode, worker, f"{tensor}/{stat}" if stat else tensor)
+        epoch_tensor = tensor.startswith(_EPOCHS)
+        inner = tensor[len(_EPOCHS) :] if epoch_tensor else tensor
+        collection = split_key(inner)[0]
+        last = inner.rsplit("/", 1)[-1]
         canonical = (
             all(part in MODE_NAMES or WORKER_INFIX.match(part) for part in infix)
-            and first not in MODE_NAMES and not WORKER_INFIX.match(first)
-            # "<collection>/<name>/<stat>" against a plain scalar "<collection>/<name>/<stat>": the
-            # statistic side needs a tensor of two parts or more, so only plain scalars of three
-            # parts or more that end in a statistic name can meet it
-            and (stat in SERIES_SUFFIXES and "/" in tensor if stat else tensor.count("/") < 2 or last not in SERIES_SUFFIXES)
+            and epoch_tensor == (mode == ModeKeys.EPOCH)
+            and "/" in inner  # a tensor of one part would land in the global section
+            and (collection is None or (collection not in MODE_NAMES and not WORKER_INFIX.match(collection) and "-" not in collection))
+            # "<collection>/<name>/<stat>" against a plain scalar "<collection>/<name>/<stat>":
+            # only plain scalars of three parts or more that end in a statistic's name can meet it
+            and (stat in SERIES_SUFFIXES if stat else inner.count("/") < 2 or last not in SERIES_SUFFIXES)
         )
-        # the identity is the structure, so "eval" + "x" and a collection "eval/x" stay apart
-        identity = json.dumps([self.prefix, str(ModeKeys.coerce(mode)), named_worker, tensor, stat])
-        return self.keys("/".join(parts), identity=identity, canonical=canonical)
+        # the identity is the structure, so "eval" + "x" and a collection "eval-x" stay apart
+        identity = json.dumps([self.prefix, str(mode), named_worker, tensor, stat])
+        return self.keys(readable, identity=identity, canonical=canonical)
+
+    def global_metric_key(self, name: str, mode: ModeKeys | str = ModeKeys.TRAIN, worker: str | None = None) -> str:
+        """The MLflow metric of a derived global value of the payload (``nonfinite_count``):
+        ``<prefix>/<name>`` (:func:`tensorlens.backends.keys.global_key`).
+
+        >>> backend.global_metric_key("nonfinite_count")  # doctest: +SKIP
+        'tensorlens/nonfinite_count'
+        """
+        mode = ModeKeys.coerce(mode)
+        named_worker = str(worker) if worker is not None and worker not in PRIMARY_WORKERS else None
+        canonical = all(part in MODE_NAMES or WORKER_INFIX.match(part) for part in key_parts("", mode, worker))
+        identity = json.dumps([self.prefix, str(mode), named_worker, None, name])
+        return self.keys(global_key(self.prefix, mode, worker, name), identity=identity, canonical=canonical)
 
     def _send(self, metrics: list[Any]) -> None:
         assert self._client is not None, "MLflowBackend.write before open"
@@ -444,36 +492,53 @@ class MLflowBackend(Backend):
             os.remove(path)
         chunk.dirty = False
 
-    # -- heatmaps
+    # -- per-layer images
 
-    def _upload_heatmaps(self) -> None:
-        if not self._columns or self._client is None or self._tmp is None:
+    def _add_panels(self, record: StepRecord, panels: tuple[LayerPanel, ...]) -> None:
+        if not self.heatmaps:
+            return
+        for panel in panels:
+            where = (record.mode, record.worker if record.worker not in PRIMARY_WORKERS else None, panel.collection, panel.stat)
+            history = self._layers.get(where)
+            if history is None:
+                history = self._layers[where] = LayerHistory(panel.collection, panel.stat)
+            # mode steps on the x axis: every eval step of one evaluation shares its global step
+            history.add(record.mode_step, panel)
+
+    def _upload_layer_images(self) -> None:
+        """One image per collection and statistic (and mode), logged with ``log_image`` under the
+        panel's key at the last mode step: MLflow's "Model metrics" tab shows it in the group of
+        the collection's keys."""
+        if not self._layers or self._client is None or self._tmp is None:
             return
         try:
-            painter = HeatmapPainter()
+            painter = LayerPainter()
+            from PIL import Image
         except ImportError:
-            return  # heatmaps are a convenience; the quantiles and chunks hold the same information
-        _probe(self.tracking_uri)  # not 30 s of drawing for a server that is gone
-        folder = os.path.join(self._tmp, "heatmaps")
-        names = MetricKeyMapper()  # file names follow the metric-key rules: no "..", no empty parts
-        deadline = time.monotonic() + _HEATMAP_BUDGET_S
-        todo = sorted(self._columns.items())
-        for done, ((mode, tensor), columns) in enumerate(todo):
+            return  # the images are a convenience; the metrics and histogram files hold the data
+        _probe(self.tracking_uri)  # not seconds of drawing for a server that is gone
+        deadline = time.monotonic() + _IMAGE_BUDGET_S
+        todo = sorted(self._layers.items(), key=lambda item: (str(item[0][0]), str(item[0][1]), item[0][2], item[0][3]))
+        path = os.path.join(self._tmp, "layers.png")
+        for done, ((mode, worker, collection, stat), history) in enumerate(todo):
             if time.monotonic() > deadline:
                 warnings.warn(
-                    f"tensorlens: MLflowBackend drew {done} of {len(todo)} heatmaps in {_HEATMAP_BUDGET_S:.0f} s "
-                    "and skipped the rest so that close() ends in time; the histogram artifacts hold all of them",
+                    f"tensorlens: MLflowBackend drew {done} of {len(todo)} per-layer images in {_IMAGE_BUDGET_S:.0f} s "
+                    "and skipped the rest so that close() ends in time; the metrics hold the values",
                     stacklevel=2,
                 )
                 break
-            relative = names(f"{mode}/{tensor}", identity=f"{mode}\x00{tensor}") + ".png"
-            path = os.path.join(folder, *relative.split("/"))
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            painter.draw(columns, f"{tensor} ({mode})", "step" if mode == ModeKeys.TRAIN else f"{mode} step", path)
-        if not os.path.isdir(folder):
-            return
-        _probe(self.tracking_uri)
-        self._client.log_artifacts(self.run_id, folder, f"{self.artifact_root}/heatmaps")
+            key = self.keys(
+                panel_key(self.prefix, mode, worker, collection, stat),
+                identity=json.dumps([self.prefix, str(mode), worker, "\x00panel", collection, stat]),
+                canonical="-" not in collection,
+            )
+            steps, _ = history.grid()
+            painter.draw(history, f"{collection} {stat}, every layer ({mode})", "step" if mode == ModeKeys.TRAIN else f"{mode} step", path)
+            with Image.open(path) as image:
+                image.load()
+                _probe(self.tracking_uri)
+                self._client.log_image(self.run_id, image, key=key, step=int(steps[-1]), timestamp=self._last_timestamp)
 
 
 def _active_mlflow_run() -> Any:
