@@ -4,36 +4,40 @@ you name), ranked.
 
 The method, in full (``docs/explain.md`` says the same with an example):
 
-1. **Series.** Every statistic in :data:`SCALE_STATISTICS` of every tensor of the train records of
-   one worker, each a series over the saved steps. Losses are the event, not a cause, and
-   ``dynamics/global`` sums every parameter: neither is a candidate. ``nan_count`` and
-   ``inf_count`` (and ``grad_nonfinite_count``) are read as "non-finite from here".
+1. **Series.** Of the train records of one worker, each statistic of each tensor read over the
+   saved steps: the sizes (:data:`SIZE_STATISTICS`, and ``mean``/``max`` of per-sample norms) on
+   a log scale, plain values (``summaries``, ``scalars``) as they are, and ``nan_count``,
+   ``inf_count``, ``grad_nonfinite_count`` as "NaN/Inf from here". Losses are the event, not a
+   cause; ``dynamics/global`` sums every parameter; neither is a candidate.
 2. **Event.** With ``at_step``: that saved step (or the last one before it). Otherwise the first
-   saved step at which either a loss (any plain ``losses/*`` value) is non-finite or a NaN/Inf
-   count is above 0 (*non-finite*), or a loss lies above its trailing median by more than
-   ``threshold`` times its trailing scale (*loss spike*; the scale is defined below, with a floor
-   of :data:`LOSS_FLOOR` of the median, so a spike is at least 1.6 times the median with the
-   defaults). A run with neither has no event and no causes.
-3. **Trailing behaviour.** For a series ``x`` and a saved step ``i``: ``m`` is the median and
-   ``s = max(1.4826 * MAD, RELATIVE_FLOOR * |m|)`` the robust scale (MAD: the median absolute
-   deviation from ``m``) of its finite values at the ``window`` saved steps before ``i`` (at least
-   :data:`MIN_HISTORY` of them). The robust z-score is ``z = (x_i - m) / s``; a non-finite value is
-   infinitely far. The floor keeps a statistic that hardly moved (a weight's norm) from turning a
-   rounding-level change into a huge z.
+   saved step where a loss (a plain ``losses/*`` value) is NaN/Inf or a NaN/Inf count is above 0
+   (*non-finite*), or a loss lies above its trailing median ``m`` by more than ``threshold`` times
+   ``max(1.4826 * MAD, LOSS_FLOOR * |m|)`` over the ``window`` saved steps before (*loss spike*: at
+   least 1.6 times the median with the defaults). A run with neither has no event and no cause.
+3. **Trailing behaviour.** For a series ``x`` at a saved step ``i``: ``m`` the median and
+   ``s = max(1.4826 * MAD, floor)`` the robust scale (MAD: the median absolute deviation from
+   ``m``) of its finite values at the ``window`` saved steps before ``i``, at least
+   :data:`MIN_HISTORY` of them; ``floor`` is :data:`SCALE_FLOOR` on the log scale (a factor 1.02)
+   and ``SCALE_FLOOR * |m|`` for a plain value, so that a statistic that hardly moved (a weight's
+   norm) does not turn a rounding-level change into a huge z. The robust z-score is
+   ``z = (x_i - m) / s``. NaN/Inf, and a size fallen to exactly 0 from a trailing behaviour, are
+   infinitely far.
 4. **Onset.** The first saved step ``i`` among the ``lookback`` saved steps before the event (and
-   the event's own) where ``|z| >= threshold`` and the series stays away from that baseline until
-   the event: ``|x_j - m| / s >= threshold / 2`` at every later saved step ``j`` up to the event
-   (``m`` and ``s`` frozen at ``i``). A blip that came back is not an onset.
-5. **Where in a step.** Within one training step, tensors are computed in an order: the weights a
+   the event's own) where ``|z| >= threshold`` (a NaN/Inf needs no trailing behaviour) and the
+   series stays away until the event: ``|x_j - m| / s >= threshold / 2`` at every later saved step
+   ``j`` up to the event, ``m`` and ``s`` frozen at ``i``. A blip that came back is not an onset.
+5. **Where in a step.** Within one training step tensors are computed in an order: the weights the
    step starts from (``weights``, ``biases``, ``optimizer``), the forward pass (``inputs``,
-   ``activations``, ``summaries``) in the order the modules ran, the backward pass (activation and
-   input gradients in the order they arrived, then ``gradients``), then the update
-   (``dynamics/<param>``, ``updates``). The tensor's *phase* in ``[0, 1)`` is its place in that
-   order (see :func:`phase_of`); a NaN that entered at one module is seen first there.
-6. **Score.** ``lead = (event + 1) - (onset + phase)`` in saved steps (how long before the end of
-   the event's step it left), ``strength = log10(1 + min(peak |z|, Z_CAP))`` (peak over onset to
-   event; a non-finite value counts as :data:`Z_CAP`), ``score = lead * strength``. A tensor's
-   cause is its statistic of highest score; causes are sorted by score.
+   ``activations``, ``summaries``) module by module in the order they first ran, the backward pass
+   (activation and input gradients in the order they arrived, then ``gradients``), then the update
+   (``dynamics/<param>``, ``updates``). A tensor's *phase* in ``[0, 1)`` is its place in that order
+   (:func:`phase_of`): a NaN that entered at one module is seen there first.
+6. **Score.** ``lead = (event + 1) - (onset + phase)``, in saved steps: how long before the end of
+   the event's step the series left. ``score = min(|z| at the onset, Z_NONFINITE) * sqrt(lead)``:
+   a jump twice as far counts as one four times as early; NaN/Inf counts as :data:`Z_NONFINITE`.
+   A tensor's cause is its statistic of highest score (its NaN count on a tie); causes are sorted
+   by score. A slow drift passes the threshold by a little, a fault by far: the magnitude at the
+   onset, not the distance reached later, keeps a drift that began early from outranking the jump.
 
 >>> result = tl.explain("tensorlens_runs/exp1")           # doctest: +SKIP
 >>> result.event                                          # doctest: +SKIP
@@ -61,9 +65,20 @@ __all__ = ["Cause", "Event", "Explanation", "attach_causes", "explain", "phase_o
 
 #: Statistics that measure a tensor's size (never negative): read on a log scale, so that a
 #: change by a factor counts the same on a weight's norm and on a gradient's.
-SIZE_STATISTICS = frozenset({
-    "l1", "l2", "linf", "std", "abs_mean", "abs_max", "update_l2", "update_ratio", "grad_to_weight", "distance_from_init",
-})
+SIZE_STATISTICS = frozenset(
+    {
+        "l1",
+        "l2",
+        "linf",
+        "std",
+        "abs_mean",
+        "abs_max",
+        "update_l2",
+        "update_ratio",
+        "grad_to_weight",
+        "distance_from_init",
+    }
+)
 #: Per-sample norms (``.../sample_norm``) are sizes too: their mean and max are read as such.
 SAMPLE_NORM_STATISTICS = frozenset({"mean", "max"})
 #: Counts of non-finite values: any value above 0 is a departure (and, by default, the event).
@@ -74,7 +89,7 @@ SCALE_FLOOR = 0.02
 #: A loss spike's scale is never below this fraction of the median loss.
 LOSS_FLOOR = 0.1
 #: The least number of finite values before a step for it to have a trailing behaviour.
-MIN_HISTORY = 5
+MIN_HISTORY = 10
 #: |z| counted for a non-finite value (or a size fallen to exactly 0).
 Z_NONFINITE = 1000.0
 #: 1.4826 * MAD estimates the standard deviation of normally distributed values.
@@ -228,8 +243,9 @@ def _pick_worker(run: Run, worker: str | None) -> str:
     return next((w for w in ("worker_0", "reduced") if w in workers), workers[0])
 
 
-def _scalar_rows(run: Run, worker: str, end_step: int | None, last: int | None = None
-                 ) -> Iterator[tuple[int, _Plan, np.ndarray]]:
+def _scalar_rows(
+    run: Run, worker: str, end_step: int | None, last: int | None = None
+) -> Iterator[tuple[int, _Plan, np.ndarray]]:
     """``(step, plan, values)`` of the train (else global) record of ``worker`` at each saved step up
     to ``end_step`` (inclusive; only the ``last`` steps with it): the scalars rows only, read one at
     a time (histograms and raw tensors are never read, and a long run is never held)."""
@@ -294,9 +310,15 @@ class _EventWatch:
             bad = np.flatnonzero(counts > 0)
             if bad.size:
                 _, tensor, stat = plan.counts[int(bad[0])]
-                return Event(step, "non-finite", tensor, stat, float(counts[bad[0]]),
-                             f"{len({plan.counts[int(b)][1] for b in bad})} tensor(s) hold NaN or Inf, "
-                             f"first recorded: {tensor} ({stat} {counts[bad[0]]:g})")
+                return Event(
+                    step,
+                    "non-finite",
+                    tensor,
+                    stat,
+                    float(counts[bad[0]]),
+                    f"{len({plan.counts[int(b)][1] for b in bad})} tensor(s) hold NaN or Inf, "
+                    f"first recorded: {tensor} ({stat} {counts[bad[0]]:g})",
+                )
         for i, tensor in plan.losses:
             history = self.losses.setdefault(tensor, collections.deque(maxlen=self.window))
             value = float(values[i])
@@ -304,9 +326,15 @@ class _EventWatch:
                 median, scale, _ = _robust(np.asarray(history)[:, None], 0.0)
                 scale = np.maximum(scale, LOSS_FLOOR * np.abs(median))
                 if value > median[0] + self.threshold * scale[0]:
-                    return Event(step, "loss spike", tensor, "", value,
-                                 f"{tensor} {value:.4g} > median {median[0]:.4g} of the previous {len(history)} saved "
-                                 f"steps + {self.threshold:g} x scale {scale[0]:.3g}")
+                    return Event(
+                        step,
+                        "loss spike",
+                        tensor,
+                        "",
+                        value,
+                        f"{tensor} {value:.4g} > median {median[0]:.4g} of the previous {len(history)} saved "
+                        f"steps + {self.threshold:g} x scale {scale[0]:.3g}",
+                    )
             history.append(value)
         return None
 
@@ -314,8 +342,9 @@ class _EventWatch:
 # ---------------------------------------------------------------------------------------- ranking
 
 
-def _departures(values: np.ndarray, present: np.ndarray, kinds: np.ndarray, window: int, lookback: int,
-                threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _departures(
+    values: np.ndarray, present: np.ndarray, kinds: np.ndarray, window: int, lookback: int, threshold: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per series (columns of ``values``, saved steps as rows, the event last; ``present`` where
     saved, ``kinds`` how each is read): ``(onset row or -1, |z| at the onset, trailing median)``, the
     median in the series' own units. See the module docstring, steps 3 and 4."""
@@ -334,7 +363,7 @@ def _departures(values: np.ndarray, present: np.ndarray, kinds: np.ndarray, wind
         todo = onset < 0
         if not todo.any():
             break
-        median, scale, count = _robust(usable[max(0, i - window):i], 0.0)
+        median, scale, count = _robust(usable[max(0, i - window) : i], 0.0)
         scale = np.maximum(scale, np.where(size, SCALE_FLOOR, SCALE_FLOOR * np.abs(median)))
         scale = np.where(scale > 0, scale, np.finfo(np.float64).tiny)
         known = count >= MIN_HISTORY
@@ -344,7 +373,7 @@ def _departures(values: np.ndarray, present: np.ndarray, kinds: np.ndarray, wind
         distance = np.where(kinds == _COUNT, np.where(values[i:] > 0, np.inf, 0.0), distance)
         has_behaviour = known | (kinds == _COUNT)
         starts = present[i] & (broken[i] | (has_behaviour & (distance[0] >= threshold)))
-        stays = np.all((distance[1:] >= threshold / 2) | ~present[i + 1:], axis=0)  # NaN distance: not away
+        stays = np.all((distance[1:] >= threshold / 2) | ~present[i + 1 :], axis=0)  # NaN distance: not away
         found = todo & starts & stays
         onset[found] = i
         jump[found] = distance[0][found]
@@ -354,8 +383,17 @@ def _departures(values: np.ndarray, present: np.ndarray, kinds: np.ndarray, wind
     return onset, jump, baseline
 
 
-def _rank(steps: list[int], series: list[tuple[str, str]], kinds: np.ndarray, values: np.ndarray, present: np.ndarray,
-          forward_order: dict[str, float], window: int, lookback: int, threshold: float) -> list[Cause]:
+def _rank(
+    steps: list[int],
+    series: list[tuple[str, str]],
+    kinds: np.ndarray,
+    values: np.ndarray,
+    present: np.ndarray,
+    forward_order: dict[str, float],
+    window: int,
+    lookback: int,
+    threshold: float,
+) -> list[Cause]:
     onset, jump, baseline = _departures(values, present, kinds, window, lookback, threshold)
     event = len(steps) - 1
     best: dict[str, Cause] = {}
@@ -364,10 +402,19 @@ def _rank(steps: list[int], series: list[tuple[str, str]], kinds: np.ndarray, va
         lead = (event + 1) - (int(onset[k]) + phase_of(tensor, forward_order))
         far = min(float(jump[k]), Z_NONFINITE)
         score = far * math.sqrt(lead)
-        cause = Cause(tensor, stat, steps[int(onset[k])], score, float(jump[k]), float(baseline[k]),
-                      float(values[int(onset[k]), k]), lead)
-        if tensor not in best or score > best[tensor].score or (
-                score == best[tensor].score and kinds[k] == _COUNT):  # "nan_count" says it better than "max"
+        cause = Cause(
+            tensor,
+            stat,
+            steps[int(onset[k])],
+            score,
+            float(jump[k]),
+            float(baseline[k]),
+            float(values[int(onset[k]), k]),
+            lead,
+        )
+        if (
+            tensor not in best or score > best[tensor].score or (score == best[tensor].score and kinds[k] == _COUNT)
+        ):  # "nan_count" says it better than "max"
             best[tensor] = cause
     return sorted(best.values(), key=lambda c: (-c.score, c.onset_step, c.tensor))
 
@@ -385,8 +432,16 @@ def _forward_order(tensors: Sequence[str]) -> dict[str, float]:
     return out
 
 
-def explain(run: Run | str, at_step: int | None = None, top: int = 10, *, window: int = 20,
-            threshold: float = 6.0, lookback: int | None = None, worker: str | None = None) -> Explanation:
+def explain(
+    run: Run | str,
+    at_step: int | None = None,
+    top: int = 10,
+    *,
+    window: int = 20,
+    threshold: float = 6.0,
+    lookback: int | None = None,
+    worker: str | None = None,
+) -> Explanation:
     """What changed first before an event: the ``top`` tensors ranked by how early and how far they
     left their own trailing behaviour (the method: :mod:`tensorlens.analysis.explain`).
 
@@ -419,8 +474,9 @@ def explain(run: Run | str, at_step: int | None = None, top: int = 10, *, window
             store.close()
 
 
-def _explain(run: Run, at_step: int | None, top: int, window: int, threshold: float, lookback: int,
-             worker: str) -> Explanation:
+def _explain(
+    run: Run, at_step: int | None, top: int, window: int, threshold: float, lookback: int, worker: str
+) -> Explanation:
     keep = window + lookback + 1
     recent: collections.deque[tuple[int, _Plan, np.ndarray]] = collections.deque(maxlen=keep)
     watch = _EventWatch(window, threshold)
@@ -436,13 +492,17 @@ def _explain(run: Run, at_step: int | None, top: int, window: int, threshold: fl
                 break
     if at_step is not None:
         if not recent:
-            raise ValueError(f"no saved step at or before step {at_step} in {run.path!r}; saved steps: "
-                             f"{run.steps()[:3]}...")
+            raise ValueError(
+                f"no saved step at or before step {at_step} in {run.path!r}; saved steps: {run.steps()[:3]}..."
+            )
         event = Event(recent[-1][0], "given", detail=f"asked for step {at_step}" if recent[-1][0] != at_step else "")
     if event is None:
-        what = (f"no loss spike and no NaN/Inf in {read} saved steps (losses read: {', '.join(sorted(losses))})"
-                if losses else f"no NaN/Inf in {read} saved steps, and no loss was recorded to look for a spike in "
-                               "(tl.watch(model, loss_fn) or hook.register_loss records one)")
+        what = (
+            f"no loss spike and no NaN/Inf in {read} saved steps (losses read: {', '.join(sorted(losses))})"
+            if losses
+            else f"no NaN/Inf in {read} saved steps, and no loss was recorded to look for a spike in "
+            "(tl.watch(model, loss_fn) or hook.register_loss records one)"
+        )
         return Explanation(run.path, None, [], f"no event: {what}", window, threshold, read)
     steps = [s for s, _, _ in recent]
     series = list(dict.fromkeys(name for _, plan, _ in recent for name in plan.series))
@@ -455,14 +515,23 @@ def _explain(run: Run, at_step: int | None, top: int, window: int, threshold: fl
         values[row, at] = found[plan.positions]
         present[row, at] = True
         kinds[at] = [plan.kinds[n] for n in plan.series]
-    causes = _rank(steps, series, kinds, values, present, _forward_order(recent[-1][1].tensors), window, lookback, threshold)
-    message = (f"{event}; " + (f"{len(causes)} tensor(s) left their trailing behaviour before it" if causes
-                               else "no tensor left its trailing behaviour before it"))
+    causes = _rank(
+        steps, series, kinds, values, present, _forward_order(recent[-1][1].tensors), window, lookback, threshold
+    )
+    message = f"{event}; " + (
+        f"{len(causes)} tensor(s) left their trailing behaviour before it"
+        if causes
+        else "no tensor left its trailing behaviour before it"
+    )
     return Explanation(run.path, event, causes[:top], message, window, threshold, read)
 
 
-def attach_causes(findings: Iterable[Finding], run: Run | str, top: int = 3,
-                  rules: Sequence[str] = ("NonFiniteGradient", "GradientNormSpike", "LossSpike")) -> list[Finding]:
+def attach_causes(
+    findings: Iterable[Finding],
+    run: Run | str,
+    top: int = 3,
+    rules: Sequence[str] = ("NonFiniteGradient", "GradientNormSpike", "LossSpike"),
+) -> list[Finding]:
     """``findings`` with the ``top`` causes of each finding of ``rules`` appended to its message
     (``"...; first to move: gradients/fc3.weight l2 from step 40, ..."``), explained at the
     finding's step; other findings unchanged. One explanation per step, however many findings."""
@@ -477,6 +546,9 @@ def attach_causes(findings: Iterable[Finding], run: Run | str, top: int = 3,
     finally:
         if opened:
             store.close()
-    return [dataclasses.replace(f, message=f"{f.message}; {said[f.step]}")
-            if f.step in said and f.rule in rules and getattr(f, "evaluated", True) and not f.message.endswith(said[f.step])
-            else f for f in findings]
+    return [
+        dataclasses.replace(f, message=f"{f.message}; {said[f.step]}")
+        if f.step in said and f.rule in rules and getattr(f, "evaluated", True) and not f.message.endswith(said[f.step])
+        else f
+        for f in findings
+    ]
