@@ -142,7 +142,8 @@ def test_trainer_with_wandb_mlflow_and_tensorboard(tmp_path: Any, trackers: Any)
 
     # the run the WandbCallback finds and logs into (started here: WANDB_DIR is read once per process)
     wandb.init(dir=str(tmp_path), project="tensorlens-hf")
-    callback = TensorLensCallback(save_interval=1, activations=True, record_clipped_gradients=True)
+    # every tensor's statistics to the trackers (tracker_stats="all"): they are read back below
+    callback = TensorLensCallback(save_interval=1, activations=True, record_clipped_gradients=True, tracker_stats="all")
     trainer, reference = train(tmp_path, callback, ["wandb", "mlflow", "tensorboard"])
     recorder = callback.recorder
     assert recorder.closed and [b.name for b in recorder.backends] == ["local", "wandb", "mlflow", "tensorboard"]
@@ -179,10 +180,12 @@ def test_trainer_with_wandb_mlflow_and_tensorboard(tmp_path: Any, trackers: Any)
     assert run_wandb_id(run_file) == wandb_run_id
     ours = [row for row in run_file.history if "tensorlens/step" in row]
     assert all(row["train/global_step"] == row["tensorlens/step"] for row in ours)
-    assert sorted({row["tensorlens/step"] for row in ours if "tensorlens/gradients/transformer.wte.weight/l2" in row}) == [1, 2, 3, 4]
+    assert sorted({row["tensorlens/step"] for row in ours if "tensorlens-gradients/transformer.wte.weight/l2" in row}) == [1, 2, 3, 4]
     theirs = sorted(row["train/global_step"] for row in run_file.history if "train/loss" in row)
     assert theirs == [1, 2, 3, 4]
-    key = "tensorlens/gradients/transformer.h.1.attn.c_proj.weight/l2"
+    # the loss the Trainer logs is the run's losses/loss, at the steps W&B got it at
+    assert run.tensor("losses/loss").values() == pytest.approx(run_file.series("train/loss", "train/global_step"), rel=1e-12)
+    key = "tensorlens-gradients/transformer.h.1.attn.c_proj.weight/l2"
     assert {row["tensorlens/step"]: row[key] for row in ours if key in row} == \
         run.tensor("gradients/transformer.h.1.attn.c_proj.weight").reduction_values("l2")
     assert run_file.config["tensorlens"]["model"]["parameters"] == sum(p.numel() for p in trainer.model.parameters())
@@ -191,7 +194,7 @@ def test_trainer_with_wandb_mlflow_and_tensorboard(tmp_path: Any, trackers: Any)
     client = mlflow.MlflowClient()
     [mlflow_run] = client.search_runs([client.get_experiment_by_name("tensorlens-hf").experiment_id])
     history = client.get_metric_history(mlflow_run.info.run_id, key)
-    assert [(m.step, m.value) for m in history] == sorted(run.tensor(key[len("tensorlens/"):-3]).reduction_values("l2").items())
+    assert [(m.step, m.value) for m in history] == sorted(run.tensor(key[len("tensorlens-"):-3]).reduction_values("l2").items())
     assert [m.step for m in client.get_metric_history(mlflow_run.info.run_id, "loss")] == [1, 2, 3, 4]
     assert list((tmp_path / "artifacts").glob("*/artifacts/tensorlens/histograms/train/histograms-*.json"))
     params = mlflow_run.data.params
