@@ -5,7 +5,7 @@ you name), ranked.
 The method, in full (``docs/explain.md`` says the same with an example):
 
 1. **Series.** Of the train records of one worker, each statistic of each tensor read over the
-   saved steps: the sizes (:data:`SIZE_STATISTICS`, and ``mean``/``max`` of per-sample norms) on
+   saved steps: the sizes (:data:`~tensorlens.analysis.departures.SIZE_STATISTICS`, and ``mean``/``max`` of per-sample norms) on
    a log scale, plain values (``summaries``, ``scalars``) as they are, and ``nan_count``,
    ``inf_count``, ``grad_nonfinite_count`` as "NaN/Inf from here". Losses are the event, not a
    cause; ``dynamics/global`` sums every parameter; neither is a candidate.
@@ -17,11 +17,11 @@ The method, in full (``docs/explain.md`` says the same with an example):
 3. **Trailing behaviour.** For a series ``x`` at a saved step ``i``: ``m`` the median and
    ``s = max(1.4826 * MAD, floor)`` the robust scale (MAD: the median absolute deviation from
    ``m``) of its finite values at the ``window`` saved steps before ``i``, at least
-   :data:`MIN_HISTORY` of them; ``floor`` is :data:`SCALE_FLOOR` on the log scale (a factor 1.02)
-   and ``SCALE_FLOOR * |m|`` for a plain value, so that a statistic that hardly moved (a weight's
-   norm) does not turn a rounding-level change into a huge z. The robust z-score is
-   ``z = (x_i - m) / s``. NaN/Inf, and a size fallen to exactly 0 from a trailing behaviour, are
-   infinitely far.
+   :data:`~.departures.MIN_HISTORY` of them; ``floor`` is :data:`~.departures.SCALE_FLOOR` on the
+   log scale (a factor 1.02) and ``SCALE_FLOOR * |m|`` for a plain value, so that a statistic that
+   hardly moved (a weight's norm) does not turn a rounding-level change into a huge z. The robust
+   z-score is ``z = (x_i - m) / s``. NaN/Inf, and a size fallen to exactly 0 from a trailing
+   behaviour, are infinitely far.
 4. **Onset.** The first saved step ``i`` among the ``lookback`` saved steps before the event (and
    the event's own) where ``|z| >= threshold`` (a NaN/Inf needs no trailing behaviour) and the
    series stays away until the event: ``|x_j - m| / s >= threshold / 2`` at every later saved step
@@ -31,10 +31,11 @@ The method, in full (``docs/explain.md`` says the same with an example):
    ``activations``, ``summaries``) module by module in the order they first ran, the backward pass
    (activation and input gradients in the order they arrived, then ``gradients``), then the update
    (``dynamics/<param>``, ``updates``). A tensor's *phase* in ``[0, 1)`` is its place in that order
-   (:func:`phase_of`): a NaN that entered at one module is seen there first.
+   (:func:`~.departures.phase_of`): a NaN that entered at one module is seen there first.
 6. **Score.** ``lead = (event + 1) - (onset + phase)``, in saved steps: how long before the end of
    the event's step the series left. ``score = min(|z| at the onset, Z_NONFINITE) * sqrt(lead)``:
-   a jump twice as far counts as one four times as early; NaN/Inf counts as :data:`Z_NONFINITE`.
+   a jump twice as far counts as one four times as early; NaN/Inf counts as
+   :data:`~.departures.Z_NONFINITE`.
    A tensor's cause is its statistic of highest score (its NaN count on a tie); causes are sorted
    by score. A slow drift passes the threshold by a little, a fault by far: the magnitude at the
    onset, not the distance reached later, keeps a drift that began early from outranking the jump.
@@ -57,51 +58,25 @@ from typing import Any
 import numpy as np
 
 from tensorlens._checks import expected
+from tensorlens.analysis.departures import (
+    COUNT,
+    MIN_HISTORY,
+    NONFINITE_COUNTS,
+    Z_NONFINITE,
+    departures,
+    forward_order,
+    phase_of,
+    robust,
+    series_kind,
+)
 from tensorlens.findings import Finding
 from tensorlens.store.reader import Run, open_run
 from tensorlens.store.validate import scalar_values
 
-__all__ = ["Cause", "Event", "Explanation", "attach_causes", "explain", "phase_of"]
+__all__ = ["Cause", "Event", "Explanation", "attach_causes", "explain"]
 
-#: Statistics that measure a tensor's size (never negative): read on a log scale, so that a
-#: change by a factor counts the same on a weight's norm and on a gradient's.
-SIZE_STATISTICS = frozenset(
-    {
-        "l1",
-        "l2",
-        "linf",
-        "std",
-        "abs_mean",
-        "abs_max",
-        "update_l2",
-        "update_ratio",
-        "grad_to_weight",
-        "distance_from_init",
-    }
-)
-#: Per-sample norms (``.../sample_norm``) are sizes too: their mean and max are read as such.
-SAMPLE_NORM_STATISTICS = frozenset({"mean", "max"})
-#: Counts of non-finite values: any value above 0 is a departure (and, by default, the event).
-NONFINITE_COUNTS = frozenset({"nan_count", "inf_count", "grad_nonfinite_count"})
-#: The robust scale is never below this: 2 % on the log scale of a size (a factor 1.02), 2 % of
-#: the median's size for a plain value.
-SCALE_FLOOR = 0.02
 #: A loss spike's scale is never below this fraction of the median loss.
 LOSS_FLOOR = 0.1
-#: The least number of finite values before a step for it to have a trailing behaviour.
-MIN_HISTORY = 10
-#: |z| counted for a non-finite value (or a size fallen to exactly 0).
-Z_NONFINITE = 1000.0
-#: 1.4826 * MAD estimates the standard deviation of normally distributed values.
-_MAD_TO_STD = 1.4826
-#: Collections read as the state a step starts from, the forward pass, the backward pass, the update.
-_STATE = ("weights", "biases", "optimizer")
-_FORWARD = ("inputs", "activations", "summaries")
-_BACKWARD = ("activation_gradients", "input_gradients")
-_UPDATE = ("dynamics", "updates")
-_KNOWN = (*_STATE, *_FORWARD, *_BACKWARD, *_UPDATE, "gradients")
-#: Not candidates: the event itself (losses), aggregates of all parameters, epoch aggregates.
-_NOT_CAUSES = ("losses/", "dynamics/global", "epochs/")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,50 +146,7 @@ class Explanation:
         return "first to move: " + ", ".join(str(c) for c in self.causes[:top])
 
 
-def phase_of(tensor: str, forward_order: dict[str, float]) -> float:
-    """Where in a training step ``tensor`` is computed, in ``[0, 1)``: 0 the weights the step starts
-    from, ``[0.2, 0.4)`` the forward pass (by ``forward_order``, the module's place among those
-    that ran, in ``[0, 1)``), ``[0.4, 0.6)`` activation and input gradients, 0.6 parameter
-    gradients, 0.8 the update; a collection of unknown place (``scalars``, a custom one) 0.5."""
-    kind = _kind_and_rest(tensor)[0]
-    if kind in _STATE:
-        return 0.0
-    if kind in _FORWARD:
-        return 0.2 + 0.2 * forward_order.get(tensor, 0.999)
-    if kind in _BACKWARD:
-        return 0.4 + 0.2 * forward_order.get(tensor, 0.999)
-    if kind == "gradients":
-        return 0.6
-    if kind in _UPDATE:
-        return 0.8
-    return 0.5
-
-
-def _kind_and_rest(tensor: str) -> tuple[str, str]:
-    """``("activations", "fc3/sample_norm")`` of ``"activations/fc3/sample_norm"``; a custom
-    collection holds one kind, named second: ``"attn/gradients/q.weight"`` -> ``("gradients", "q.weight")``."""
-    parts = tensor.split("/", 2)
-    if parts[0] not in _KNOWN and len(parts) == 3 and parts[1] in _KNOWN:
-        return parts[1], parts[2]
-    return parts[0], "/".join(parts[1:])
-
-
 # ---------------------------------------------------------------------------------------- reading
-
-
-_PLAIN, _SIZE, _COUNT = 0, 1, 2
-
-
-def _series_kind(tensor: str, stat: str) -> int | None:
-    """How a statistic is read (:data:`_SIZE` on a log scale, :data:`_PLAIN` as it is,
-    :data:`_COUNT` as non-finite from above 0), or ``None`` when it is not a candidate."""
-    if tensor.startswith(_NOT_CAUSES):
-        return None
-    if stat in NONFINITE_COUNTS:
-        return _COUNT
-    if stat in SIZE_STATISTICS or (stat in SAMPLE_NORM_STATISTICS and tensor.endswith("/sample_norm")):
-        return _SIZE
-    return _PLAIN if stat == "" else None
 
 
 class _Plan:
@@ -223,7 +155,7 @@ class _Plan:
     def __init__(self, names: Sequence[tuple[str, str]]) -> None:
         self.losses = [(i, t) for i, (t, s) in enumerate(names) if t.startswith("losses/") and s == ""]
         self.counts = [(i, t, s) for i, (t, s) in enumerate(names) if s in NONFINITE_COUNTS]
-        kinds = [_series_kind(t, s) for t, s in names]
+        kinds = [series_kind(t, s) for t, s in names]
         chosen = [i for i, kind in enumerate(kinds) if kind is not None]
         self.series = [names[i] for i in chosen]
         self.kinds = {names[i]: kinds[i] for i in chosen}
@@ -268,32 +200,6 @@ def _scalar_rows(
             yield step, plan, scalar_values(f.path, layout, row[4], s.where)
 
 
-def _robust(window: np.ndarray, floor: np.ndarray | float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(median, scale, finite count)`` per column of ``window`` (NaN: not a value); the scale is
-    at least ``floor`` (one per column, or one for all)."""
-    count = np.sum(~np.isnan(window), axis=0)
-    with np.errstate(all="ignore"), _quiet_nan_warnings():
-        median = np.nanmedian(window, axis=0)
-        mad = np.nanmedian(np.abs(window - median), axis=0)
-        scale = np.maximum(_MAD_TO_STD * mad, floor)
-    scale = np.where(scale > 0, scale, np.finfo(np.float64).tiny)
-    return median, scale, count
-
-
-class _quiet_nan_warnings:
-    """nanmedian of an all-NaN column warns; such a column simply has no trailing behaviour."""
-
-    def __enter__(self) -> None:
-        import warnings
-
-        self._catch = warnings.catch_warnings()
-        self._catch.__enter__()
-        warnings.simplefilter("ignore", RuntimeWarning)
-
-    def __exit__(self, *exc: object) -> None:
-        self._catch.__exit__(*exc)
-
-
 class _EventWatch:
     """The default event, seen step by step: the first non-finite value or loss spike."""
 
@@ -323,7 +229,7 @@ class _EventWatch:
             history = self.losses.setdefault(tensor, collections.deque(maxlen=self.window))
             value = float(values[i])
             if len(history) >= MIN_HISTORY:
-                median, scale, _ = _robust(np.asarray(history)[:, None], 0.0)
+                median, scale, _ = robust(np.asarray(history)[:, None], 0.0)
                 scale = np.maximum(scale, LOSS_FLOOR * np.abs(median))
                 if value > median[0] + self.threshold * scale[0]:
                     return Event(
@@ -339,50 +245,6 @@ class _EventWatch:
         return None
 
 
-# ---------------------------------------------------------------------------------------- ranking
-
-
-def _departures(
-    values: np.ndarray, present: np.ndarray, kinds: np.ndarray, window: int, lookback: int, threshold: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per series (columns of ``values``, saved steps as rows, the event last; ``present`` where
-    saved, ``kinds`` how each is read): ``(onset row or -1, |z| at the onset, trailing median)``, the
-    median in the series' own units. See the module docstring, steps 3 and 4."""
-    rows, columns = values.shape
-    event = rows - 1
-    broken = present & ~np.isfinite(values)  # NaN or Inf recorded: away from any behaviour
-    size = kinds == _SIZE
-    with np.errstate(all="ignore"):
-        read = np.where(size, np.log(np.where(values > 0, values, np.nan)), values)
-    collapsed = present & size & (values == 0)  # a size fallen to exactly 0: away, if it had a behaviour
-    usable = np.where(np.isfinite(read), read, np.nan)
-    onset = np.full(columns, -1, dtype=np.intp)
-    jump = np.zeros(columns)
-    baseline = np.full(columns, np.nan)
-    for i in range(max(0, event - lookback), event + 1):
-        todo = onset < 0
-        if not todo.any():
-            break
-        median, scale, count = _robust(usable[max(0, i - window) : i], 0.0)
-        scale = np.maximum(scale, np.where(size, SCALE_FLOOR, SCALE_FLOOR * np.abs(median)))
-        scale = np.where(scale > 0, scale, np.finfo(np.float64).tiny)
-        known = count >= MIN_HISTORY
-        with np.errstate(all="ignore"):
-            distance = np.abs(usable[i:] - median) / scale
-        distance = np.where(broken[i:] | (collapsed[i:] & known), np.inf, distance)
-        distance = np.where(kinds == _COUNT, np.where(values[i:] > 0, np.inf, 0.0), distance)
-        has_behaviour = known | (kinds == _COUNT)
-        starts = present[i] & (broken[i] | (has_behaviour & (distance[0] >= threshold)))
-        stays = np.all((distance[1:] >= threshold / 2) | ~present[i + 1 :], axis=0)  # NaN distance: not away
-        found = todo & starts & stays
-        onset[found] = i
-        jump[found] = distance[0][found]
-        with np.errstate(all="ignore"):
-            level = np.where(size, np.exp(median), median)
-        baseline[found] = np.where(kinds == _COUNT, 0.0, level)[found]
-    return onset, jump, baseline
-
-
 def _rank(
     steps: list[int],
     series: list[tuple[str, str]],
@@ -394,7 +256,7 @@ def _rank(
     lookback: int,
     threshold: float,
 ) -> list[Cause]:
-    onset, jump, baseline = _departures(values, present, kinds, window, lookback, threshold)
+    onset, jump, baseline = departures(values, present, kinds, window, lookback, threshold)
     event = len(steps) - 1
     best: dict[str, Cause] = {}
     for k in np.flatnonzero(onset >= 0).tolist():
@@ -413,23 +275,10 @@ def _rank(
             lead,
         )
         if (
-            tensor not in best or score > best[tensor].score or (score == best[tensor].score and kinds[k] == _COUNT)
+            tensor not in best or score > best[tensor].score or (score == best[tensor].score and kinds[k] == COUNT)
         ):  # "nan_count" says it better than "max"
             best[tensor] = cause
     return sorted(best.values(), key=lambda c: (-c.score, c.onset_step, c.tensor))
-
-
-def _forward_order(tensors: Sequence[str]) -> dict[str, float]:
-    """Each forward (or backward) tensor's place in its pass, in ``[0, 1)``: its module's first
-    appearance among the pass's tensors of a record, which lists module outputs (their per-sample
-    norms first) in the order the hooks fired. ``activations/fc3/unit_active_rate`` goes with fc3."""
-    out: dict[str, float] = {}
-    for group in (_FORWARD, _BACKWARD):
-        mine = [t for t in tensors if _kind_and_rest(t)[0] in group]
-        modules = list(dict.fromkeys(_kind_and_rest(t)[1].split("/", 1)[0] for t in mine))
-        place = {m: i / len(modules) for i, m in enumerate(modules)}
-        out.update({t: place[_kind_and_rest(t)[1].split("/", 1)[0]] for t in mine})
-    return out
 
 
 def explain(
@@ -516,7 +365,7 @@ def _explain(
         present[row, at] = True
         kinds[at] = [plan.kinds[n] for n in plan.series]
     causes = _rank(
-        steps, series, kinds, values, present, _forward_order(recent[-1][1].tensors), window, lookback, threshold
+        steps, series, kinds, values, present, forward_order(recent[-1][1].tensors), window, lookback, threshold
     )
     message = f"{event}; " + (
         f"{len(causes)} tensor(s) left their trailing behaviour before it"

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 import tensorlens as tl
-from tensorlens.analysis.explain import SCALE_FLOOR, Cause, Explanation, attach_causes, explain
+from tensorlens.analysis.departures import SCALE_FLOOR
+from tensorlens.analysis.explain import Cause, Explanation, attach_causes, explain
 from tensorlens.findings import Finding
 from tensorlens.store.writer import RunStoreWriter
 
