@@ -1,0 +1,81 @@
+"""The Hugging Face callback records the loss the Trainer logs and names its run after
+``TrainingArguments.run_name`` (issue 25, items 3 and 4), with a real Trainer on a tiny GPT-2
+built from a config (no downloads), read back against the Trainer's own ``log_history``.
+(The loss against W&B, MLflow and TensorBoard: tests/integrations/test_transformers.py.)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+
+import tensorlens as tl
+
+transformers = pytest.importorskip("transformers")
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
+
+from tensorlens.integrations.transformers import TensorLensCallback  # noqa: E402
+
+VOCAB, SEQ = 50, 8
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self, n: int, seed: int) -> None:
+        self.x = torch.randint(0, VOCAB, (n, SEQ), generator=torch.Generator().manual_seed(seed))
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.x[i], "labels": self.x[i]}
+
+
+def train(tmp_path: Any, callback: TensorLensCallback, run_name: str | None, logging_steps: int = 1) -> Trainer:
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=VOCAB, n_positions=SEQ))
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), run_name=run_name, per_device_train_batch_size=4, max_steps=4,
+        eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=4, logging_steps=logging_steps,
+        learning_rate=1e-3, report_to="none", use_cpu=True, save_strategy="no", disable_tqdm=True, seed=0,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=Tokens(16, 1), eval_dataset=Tokens(8, 2), callbacks=[callback])
+    trainer.train()
+    return trainer
+
+
+def test_the_logged_loss_at_the_trainers_steps_and_the_run_named_after_run_name(tmp_path: Any) -> None:
+    callback = TensorLensCallback(save_interval=1)
+    trainer = train(tmp_path, callback, "tiny-gpt")
+
+    assert callback.run_dir == os.path.join(str(tmp_path / "out"), "tensorlens_runs", "tiny-gpt")
+    assert callback.run_dir == callback.recorder.run_dir and callback.recorder.run_name == "tiny-gpt"
+    run = tl.open_run(callback.run_dir)
+    logged = {e["step"]: e["loss"] for e in trainer.state.log_history if "loss" in e}
+    assert sorted(logged) == [1, 2, 3, 4]
+    assert run.tensor("losses/loss").values() == pytest.approx(logged, rel=1e-12)
+    # eval_loss of the evaluations after steps 2 and 4, in each one's last eval record (2 batches each)
+    logged_eval = {e["step"]: e["eval_loss"] for e in trainer.state.log_history if "eval_loss" in e}
+    eval_steps = {k.mode_step: k.step for k in run.step_keys() if k.mode == tl.ModeKeys.EVAL}
+    stored_eval = run.tensor("losses/loss").values(mode="eval")
+    assert sorted(stored_eval) == [1, 3]
+    assert {eval_steps[s]: v for s, v in stored_eval.items()} == pytest.approx(logged_eval, rel=1e-12)
+    assert run.metadata()["trackers"] == {}  # report_to none: no tracker run
+
+    # a second run of the same name goes to its own folder
+    second = TensorLensCallback(save_interval=1)
+    train(tmp_path, second, "tiny-gpt")
+    assert os.path.basename(second.run_dir) == "tiny-gpt-2"
+
+
+def test_losses_only_on_the_steps_the_trainer_logs_and_an_explicit_name_wins(tmp_path: Any) -> None:
+    callback = TensorLensCallback(save_interval=1, run_name="mine")
+    trainer = train(tmp_path, callback, "ignored", logging_steps=2)
+    assert callback.recorder.run_name == "mine"
+    run = tl.open_run(callback.run_dir)
+    logged = {e["step"]: e["loss"] for e in trainer.state.log_history if "loss" in e}
+    assert sorted(logged) == [2, 4]  # each the mean over the 2 steps since the last log
+    assert run.tensor("losses/loss").values() == pytest.approx(logged, rel=1e-12)
+    assert run.steps("train") == [1, 2, 3, 4]  # every step is still recorded
