@@ -354,16 +354,18 @@ def _explain(
         )
         return Explanation(run.path, None, [], f"no event: {what}", window, threshold, read)
     steps = [s for s, _, _ in recent]
-    series = list(dict.fromkeys(name for _, plan, _ in recent for name in plan.series))
+    plans = list({id(plan): plan for _, plan, _ in recent}.values())  # one per layout, usually one in all
+    series = list(dict.fromkeys(name for plan in plans for name in plan.series))
     column = {name: i for i, name in enumerate(series)}
     kinds = np.zeros(len(series), dtype=np.intp)
     values = np.full((len(recent), len(series)), np.nan)
     present = np.zeros(values.shape, dtype=bool)
+    columns = {id(plan): np.asarray([column[n] for n in plan.series], dtype=np.intp) for plan in plans}
+    for plan in plans:
+        kinds[columns[id(plan)]] = [plan.kinds[n] for n in plan.series]
     for row, (_, plan, found) in enumerate(recent):
-        at = [column[n] for n in plan.series]
-        values[row, at] = found[plan.positions]
-        present[row, at] = True
-        kinds[at] = [plan.kinds[n] for n in plan.series]
+        values[row, columns[id(plan)]] = found[plan.positions]
+        present[row, columns[id(plan)]] = True
     causes = _rank(
         steps, series, kinds, values, present, forward_order(recent[-1][1].tensors), window, lookback, threshold
     )
