@@ -15,8 +15,10 @@ from tensorlens.findings import Finding
 from tensorlens.store.writer import RunStoreWriter
 
 try:
+    from .health_runs import train_all
     from .report_runs import HOSTILE, write_names_run, write_run, write_scales_run
 except ImportError:
+    from health_runs import train_all
     from report_runs import HOSTILE, write_names_run, write_run, write_scales_run
 
 
@@ -105,3 +107,14 @@ def surrogate_run(tmp_path_factory: pytest.TempPathFactory) -> str:
     with tl.open_run(path) as run:
         assert "weights/layer\udc80.weight" in run.tensor_names()  # the store holds the surrogate itself
     return path
+
+
+#: The step at which the dead and the NaN run break (see health_runs.py).
+FAULT_STEP = 6
+
+
+@pytest.fixture(scope="session")
+def health_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A healthy MLP, a dead-ReLU collapse and a NaN run, trained from the same seed and data for 16
+    steps (the last two break at step 6), every step saved with activations and dynamics."""
+    return train_all(tmp_path_factory.mktemp("health"), steps=16, fault_step=FAULT_STEP)
