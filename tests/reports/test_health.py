@@ -194,3 +194,13 @@ def test_explorer_marks_modules_with_findings(health_runs: dict[str, str]) -> No
     assert nan["0"]["status"] == "critical"
     assert {r[0] for r in nan["0"]["rules"]} >= {"NonFiniteGradient", "ExplodingTensor"}
     assert payload(build_explorer(health_runs["healthy"]).html)["health"] == {}
+
+
+def test_rules_that_had_nothing_to_read_are_shown_and_not_counted(scales_run: str) -> None:
+    health = run_health(load_run(scales_run))  # watched without a loss function: no losses/
+    notes = {n.rule: n.message for n in health.not_evaluated}
+    assert "LossNotDecreasing" in notes and "LossNotDecreasing" in health.rules
+    assert all(r.rule not in notes for r in health.fired)
+    page = build_report(scales_run).html
+    card = next(iter(_cards(page).values()))
+    assert f"<dt>not evaluated</dt><dd>LossNotDecreasing: {notes['LossNotDecreasing']}" in card.replace("&#x27;", "'")
