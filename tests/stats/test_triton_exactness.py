@@ -206,15 +206,25 @@ def test_histograms_of_poisoned_tensors_span_the_finite_values_of_their_sample(s
             assert (h.edges[0], h.edges[-1]) == span
 
 
-def test_a_step_waits_for_the_device_once() -> None:
-    """The path a GPU takes copies the step's results to the host once, and the plan is reused."""
+@pytest.mark.parametrize("nan", [False, True])
+def test_a_step_waits_for_the_device_once(nan: bool) -> None:
+    """On the path a GPU takes, a saved step makes no call that would wait for the device but the
+    one copy to the host (tests/test_sync_free.py's counter), and the plan is reused."""
+    from test_sync_free import SyncCounter
+
     torch.manual_seed(7)
     tensors = [torch.randn(300, 40), torch.randn(17), torch.randn(100_000, dtype=torch.float64)]
+    if nan:
+        tensors[0][3, 3], tensors[2][5] = math.nan, -math.inf
     engine = StepStatistics(sync_free=True)
     jobs = [TensorJob(f"t/{i}", [t], ("mean", "std", "l2"), HistogramConfig(bins=16)) for i, t in enumerate(tensors)]
-    engine.compute(jobs)
-    engine.compute(jobs)
-    assert engine.host_copies == 2 and engine.plans_built == 1 and engine._plan.path == "triton"
+    jobs.append(TensorJob("fixed", [tensors[1]], ("mean",), HistogramConfig(bins=8, range=(-1.0, 1.0))))
+    engine.compute(jobs)  # builds the plan
+    with SyncCounter() as counter:
+        engine.compute(jobs)
+    assert counter.calls == {"cpu": 1, "numpy": 1}, counter.calls  # numpy: of the host copy
+    assert engine.host_copies == 2 and engine.plans_built == 1 and engine._plan.triton == [0, 1, 2, 3]
+    assert all(group.triton is not None for group in engine._plan.groups)
 
 
 def test_activations_reduced_in_their_hook_are_read_in_their_own_dtype(tmp_path) -> None:
