@@ -200,7 +200,7 @@ class MLflowBackend(Backend):
         self._layers: dict[tuple[ModeKeys, str | None, str, str], LayerHistory] = {}
         # (mode, worker, record key) -> MLflow key: the payload names series by record key, and a
         # key is mapped once per run
-        self._metric_keys: dict[tuple[ModeKeys, str | None, str], str] = {}
+        self._metric_keys: dict[tuple[ModeKeys, str | None, str, int], str] = {}
         self._tmp: str | None = None
         self._finding_counts: dict[str, int] = {}
         self._last_timestamp = 0
@@ -306,14 +306,21 @@ class MLflowBackend(Backend):
         # one value per metric: a series named twice in a record keeps its last value, as the reader does
         values: dict[str, float] = {}
         keys = self._metric_keys
-        names: dict[str, tuple[str, str]] | None = None
+        names: dict[str, list[tuple[str, str]]] | None = None
+        seen: dict[str, int] = {}
         for name, value in payload.scalars:
-            key = keys.get((record.mode, record.worker, name))
+            # the payload names a series "<tensor>/<stat>": a plain scalar "summaries/grad/l2" beside
+            # summaries/grad's l2 has the same name, so the n-th of a name is the n-th such series
+            occurrence = seen[name] = seen.get(name, -1) + 1
+            key = keys.get((record.mode, record.worker, name, occurrence))
             if key is None:
                 if names is None:  # the series' structure, read once per record with a new series
-                    names = {f"{t}/{s}" if s else t: (t, s) for t, s in record.scalar_names}
-                tensor, stat = names[name]
-                key = keys[(record.mode, record.worker, name)] = self.metric_key(tensor, stat, record.mode, record.worker)
+                    names = {}
+                    for tensor, stat in record.scalar_names:
+                        names.setdefault(f"{tensor}/{stat}" if stat else tensor, []).append((tensor, stat))
+                tensor, stat = self._series_of(names[name], occurrence)
+                key = self.metric_key(tensor, stat, record.mode, record.worker)
+                keys[(record.mode, record.worker, name, occurrence)] = key
             values[key] = value
         for name, value in payload.globals:
             values[self.global_metric_key(name, record.mode, record.worker)] = value
@@ -434,6 +441,14 @@ class MLflowBackend(Backend):
         # the identity is the structure, so "eval" + "x" and a collection "eval-x" stay apart
         identity = json.dumps([self.prefix, str(mode), named_worker, tensor, stat])
         return self.keys(readable, identity=identity, canonical=canonical)
+
+    def _series_of(self, candidates: list[tuple[str, str]], occurrence: int) -> tuple[str, str]:
+        """The ``occurrence``-th sent series among those of one payload name (almost always one)."""
+        if len(candidates) > 1:
+            decide = getattr(self.__dict__.get("_payload_selector"), "_decide", None)
+            if decide is not None:  # the payload's own choice: which of them it sends
+                candidates = [c for c in candidates if decide(*c) == 0] or candidates
+        return candidates[min(occurrence, len(candidates) - 1)]
 
     def global_metric_key(self, name: str, mode: ModeKeys | str = ModeKeys.TRAIN, worker: str | None = None) -> str:
         """The MLflow metric of a derived global value of the payload (``nonfinite_count``):

@@ -39,6 +39,8 @@ mlflow = pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
 from mlflow.utils.validation import _validate_metric_name  # noqa: E402
 
+from tensorlens.backends.keys import panel_key  # noqa: E402
+from tensorlens.backends.payload import layer_panels  # noqa: E402
 from tensorlens.integrations.mlflow import (  # noqa: E402
     MAX_KEY_LENGTH,
     QUANTILES,
@@ -197,7 +199,10 @@ def _train(hook: tl.Hook, model: nn.Module, special_scalars: bool = False, flush
 
 
 def _watch(model: nn.Module, tmp_path: Path, backends: object) -> tl.Hook:
-    return tl.watch(model, save_interval=SAVE_INTERVAL, activations=True, backends=backends, out_dir=tmp_path / "run")
+    # tracker_stats="all": every stored statistic goes, so MLflow must equal the store
+    return tl.watch(
+        model, save_interval=SAVE_INTERVAL, activations=True, backends=backends, out_dir=tmp_path / "run", tracker_stats="all"
+    )
 
 
 # ---------------------------------------------------------------------------- reading back
@@ -221,8 +226,13 @@ def _expected_series(path: str, backend: MLflowBackend, eval_step: int) -> dict[
     with tl.open_run(path) as run:
         for record in run.records():
             step = record.mode_step if record.mode == tl.ModeKeys.TRAIN else eval_step
+            nonfinite, counted = 0.0, False
             for (tensor, stat), value in zip(record.scalar_names, record.scalar_values.tolist(), strict=True):
                 expected[backend.metric_key(tensor, stat, record.mode)].append((step, value))
+                if stat in ("nan_count", "inf_count") and tensor != "dynamics/global":
+                    nonfinite, counted = nonfinite + value, True
+            if counted:  # the payload's global count of NaN and Inf over every tensor
+                expected[backend.global_metric_key("nonfinite_count", record.mode)].append((step, nonfinite))
             for histogram in record.histograms:  # quantiles are recorded statistics, equal to the reference
                 for suffix, level in QUANTILES:
                     stored = record.scalar(histogram.tensor, suffix)
@@ -260,7 +270,7 @@ def _assert_same(actual: float, expected: float, key: str) -> None:
 def _assert_matches_local_store(client: MlflowClient, run_id: str, hook: tl.Hook, backend: MLflowBackend) -> int:
     """Every series in MLflow equals the local store's; returns the number of points compared."""
     expected = _expected_series(hook.run_dir, backend, eval_step=TRAIN_STEPS)
-    logged = {k for k in client.get_run(run_id).data.metrics if k.startswith(backend.prefix + "/")}
+    logged = {k for k in client.get_run(run_id).data.metrics if k.startswith((backend.prefix + "/", backend.prefix + "-"))}
     assert logged == set(expected), (sorted(logged ^ set(expected))[:10])
     points = 0
     for key, series in expected.items():
@@ -301,14 +311,19 @@ def _assert_artifacts(client: MlflowClient, run_id: str, hook: tl.Hook, every: i
     expected = [f"tensorlens/histograms/train/histograms-{s:09d}.json" for s in train_steps[::every]]
     expected += [f"tensorlens/histograms/eval/histograms-{s:09d}.json" for s in eval_steps[::every]]
     assert sorted(f for f in files if "/histograms/" in f) == sorted(expected)
-    expected_heatmaps = [f"tensorlens/heatmaps/train/{name}.png" for name in train_tensors]
-    expected_heatmaps += [f"tensorlens/heatmaps/eval/{name}.png" for name in eval_tensors]
+    # one image per collection and statistic of the per-layer panels (and mode), not one per tensor
+    panels = set()
+    with tl.open_run(hook.run_dir) as run:
+        for record in run.records():
+            panels |= {panel_key("tensorlens", record.mode, None, p.collection, p.stat) for p in layer_panels(record)}
+    images = sorted(f for f in files if f.startswith("images/") and f.endswith(".png"))
     if not heatmaps:
-        expected_heatmaps = []
-    assert sorted(f for f in files if "/heatmaps/" in f) == sorted(expected_heatmaps)
+        panels = set()
+    assert sorted(f.split("+", 1)[0] for f in images) == sorted("images/" + k.replace("/", "~") for k in panels)
     if heatmaps:
-        assert len(expected_heatmaps) >= 10  # weights, biases, gradients, activations
-        image = client.download_artifacts(run_id, expected_heatmaps[0], str(download_to))
+        assert len(panels) >= 5  # weights, biases, gradients, activations l2 and dead fraction
+        assert len(files) <= len(expected) + 2 * len(panels)  # the images' own .webp thumbnails
+        image = client.download_artifacts(run_id, images[0], str(download_to))
         assert Path(image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a histogram chunk holds exactly the stored counts and edges of every tensor of its steps
     found: dict[str, list[int]] = {"train": [], "eval": []}
@@ -471,30 +486,44 @@ def test_metric_keys_are_injective_and_independent_of_order_for_hostile_names() 
 
 
 def test_readable_series_keep_readable_keys() -> None:
+    """The key scheme of tensorlens.backends.keys, and a hash suffix only where two series could meet."""
     backend = MLflowBackend(tracking_uri="sqlite:///unused.db", run_id="0" * 32)
     backend._run = tl.RunInfo("p", "/p", rank=0, world_size=2, config={"include_workers": "all"})
-    assert backend.metric_key("gradients/fc1.weight", "l2") == "tensorlens/gradients/fc1.weight/l2"
-    assert backend.metric_key("gradients/fc1.weight", "abs_max", "eval", "worker_1") == "tensorlens/eval/worker_1/gradients/fc1.weight/abs_max"
-    assert backend.metric_key("attn/weights/q.weight", "p50") == "tensorlens/attn/weights/q.weight/p50"
-    assert backend.metric_key("scalars/train/lr") == "tensorlens/scalars/train/lr"
-    assert backend.metric_key("losses/mseloss", None, "predict") == "tensorlens/predict/losses/mseloss"
+    assert backend.metric_key("gradients/fc1.weight", "l2") == "tensorlens-gradients/fc1.weight/l2"
+    assert (
+        backend.metric_key("gradients/fc1.weight", "abs_max", "eval", "worker_1")
+        == "tensorlens-eval-worker_1-gradients/fc1.weight/abs_max"
+    )
+    assert backend.metric_key("attn/weights/q.weight", "p50") == "tensorlens-attn/weights/q.weight/p50"
+    assert backend.metric_key("scalars/train/lr") == "tensorlens-scalars/train/lr"
+    assert backend.metric_key("losses/mseloss", None, "predict") == "tensorlens-predict-losses/mseloss"
+    assert backend.global_metric_key("nonfinite_count") == "tensorlens/nonfinite_count"
+    assert backend.global_metric_key("nonfinite_count", "eval") == "tensorlens-eval/nonfinite_count"
     # the ambiguous one of each pair carries the hash: a plain scalar ending in a statistic's name,
-    # a collection named like a mode, a stat MLflow refuses
-    assert backend.metric_key("summaries/grad", "l2") == "tensorlens/summaries/grad/l2"
-    assert re.fullmatch(r"tensorlens/summaries/grad/l2-[0-9a-f]{8}", backend.metric_key("summaries/grad/l2"))
-    assert re.fullmatch(r"tensorlens/eval/x/l2-[0-9a-f]{8}", backend.metric_key("eval/x", "l2"))
-    assert backend.metric_key("x", "l2", "eval") != "tensorlens/eval/x/l2"  # a tensor of one part: not the engine's
+    # a collection named like a mode, a collection holding the section separator
+    assert backend.metric_key("summaries/grad", "l2") == "tensorlens-summaries/grad/l2"
+    assert re.fullmatch(r"tensorlens-summaries/grad/l2-[0-9a-f]{8}", backend.metric_key("summaries/grad/l2"))
+    assert re.fullmatch(r"tensorlens-eval/x/l2-[0-9a-f]{8}", backend.metric_key("eval/x", "l2"))
+    assert re.fullmatch(r"tensorlens-eval-x/y/l2-[0-9a-f]{8}", backend.metric_key("eval-x/y", "l2"))
+    assert backend.metric_key("x", "l2", "eval") != "tensorlens-eval/x/l2"  # a tensor of one part: not the engine's
     # what the engine records is never hashed: derived statistics, epoch aggregates, plain scalars
     # of two parts whose name is a statistic's (they cannot meet a "<collection>/<tensor>/<stat>")
-    for tensor, stat, mode in [
-        ("dynamics/global", "grad_norm", "train"), ("dynamics/fc1.weight", "update_ratio", "train"),
-        ("activations/relu", "dead_fraction", "eval"), ("epochs/gradients/fc1.weight", "l2_mean", "epoch"),
-        ("epochs/dynamics/global", "grad_norm_max", "epoch"), ("epochs/losses/loss", "mean", "epoch"),
-        ("scalars/grad_norm", "", "train"), ("losses/l2", "", "train"), ("dynamics/global", "undefined_count", "train"),
+    for tensor, stat, mode, expected in [
+        ("dynamics/global", "grad_norm", "train", "tensorlens/dynamics/global/grad_norm"),
+        ("dynamics/global", "undefined_count", "train", "tensorlens/dynamics/global/undefined_count"),
+        ("dynamics/global", "grad_norm", "eval", "tensorlens-eval/dynamics/global/grad_norm"),
+        ("dynamics/fc1.weight", "update_ratio", "train", "tensorlens-dynamics/fc1.weight/update_ratio"),
+        ("activations/relu", "dead_fraction", "eval", "tensorlens-eval-activations/relu/dead_fraction"),
+        ("epochs/gradients/fc1.weight", "l2_mean", "epoch", "tensorlens-epoch-gradients/fc1.weight/l2_mean"),
+        ("epochs/dynamics/global", "grad_norm_max", "epoch", "tensorlens-epoch/dynamics/global/grad_norm_max"),
+        ("epochs/losses/loss", "mean", "epoch", "tensorlens-epoch-losses/loss/mean"),
+        ("scalars/grad_norm", "", "train", "tensorlens-scalars/grad_norm"),
+        ("losses/l2", "", "train", "tensorlens-losses/l2"),
     ]:
-        expected = "/".join(p for p in ("tensorlens", "" if mode == "train" else mode, tensor, stat) if p)
         assert backend.metric_key(tensor, stat, mode) == expected
-    assert backend.metric_key("x/l2", None, "eval") == "tensorlens/eval/x/l2"
+    assert backend.metric_key("x/l2", None, "eval") == "tensorlens-eval-x/l2"
+    # an epoch tensor outside an epoch record would meet the collection's own series
+    assert backend.metric_key("epochs/gradients/fc1.weight", "l2_mean") != "tensorlens-gradients/fc1.weight/l2_mean"
 
 
 def test_quantiles_match_a_reference_loop() -> None:
@@ -608,11 +637,11 @@ def test_sqlite_store_without_a_server(tmp_path: Path) -> None:
     assert hook.backend_stats()["mlflow"].failed == 0
     assert _assert_matches_local_store(client, run_id, hook, backend) > 500
     # NaN comes back as NaN, +-Inf as +-max double (SQL has no infinity)
-    nan_history = client.get_metric_history(run_id, "tensorlens/scalars/nan_value")
+    nan_history = client.get_metric_history(run_id, "tensorlens-scalars/nan_value")
     # save_scalar follows the scalars collection's save config: one point per saved step
     assert len(nan_history) == len(range(0, TRAIN_STEPS, SAVE_INTERVAL)) and all(math.isnan(m.value) for m in nan_history)
-    assert {m.value for m in client.get_metric_history(run_id, "tensorlens/scalars/pos_inf")} == {MLFLOW_MAX_DOUBLE}
-    assert {m.value for m in client.get_metric_history(run_id, "tensorlens/scalars/neg_inf")} == {-MLFLOW_MAX_DOUBLE}
+    assert {m.value for m in client.get_metric_history(run_id, "tensorlens-scalars/pos_inf")} == {MLFLOW_MAX_DOUBLE}
+    assert {m.value for m in client.get_metric_history(run_id, "tensorlens-scalars/neg_inf")} == {-MLFLOW_MAX_DOUBLE}
     # two keys that clean to the same string stay two series
     odd, clean = backend.metric_key("scalars/odd[0]"), backend.metric_key("scalars/odd_0_")
     assert odd != clean and {odd, clean} <= set(client.get_run(run_id).data.metrics)
@@ -635,7 +664,7 @@ def test_server_with_explicit_run(mlflow_server: str, tmp_path: Path) -> None:
     stats = hook.backend_stats()["mlflow"]
     assert (stats.failed, stats.dropped) == (0, 0) and stats.written == hook.backend_stats()["local"].written
     assert _assert_matches_local_store(client, run_id, hook, backend) > 500
-    assert all(k.startswith("tensorlens/eval/") for k in client.get_run(run_id).data.metrics if "/eval/" in k)
+    assert any(k.startswith("tensorlens-eval-activations/") for k in client.get_run(run_id).data.metrics)
     _assert_artifacts(client, run_id, hook, every=4, download_to=tmp_path / "download")
 
 
@@ -652,7 +681,7 @@ def test_server_with_active_run_and_auto_backends(mlflow_server: str, tmp_path: 
     assert _assert_matches_local_store(client, active.info.run_id, hook, backend) > 500
     files = _artifacts(client, active.info.run_id)
     assert any(f.startswith("tensorlens/histograms/train/") for f in files)
-    assert any(f.startswith("tensorlens/heatmaps/train/") for f in files)
+    assert any(f.startswith("images/tensorlens-weights~per-layer~l2+") for f in files)
 
 
 def test_server_asynchronous_through_a_client(mlflow_server: str, tmp_path: Path) -> None:
@@ -687,7 +716,7 @@ def test_server_keeps_series_that_clean_to_one_string_apart(mlflow_server: str, 
 
     keys = {}
     for step, order in ((0, list(range(len(names)))), (1, list(reversed(range(len(names)))))):
-        backend = MLflowBackend(client=client, run_id=run_id, histogram_every=0, heatmaps=False)
+        backend = MLflowBackend(client=client, run_id=run_id, histogram_every=0, heatmaps=False, tracker_stats="all")
         backend.open(tl.RunInfo("collide", str(tmp_path)))
         for mode in (tl.ModeKeys.TRAIN, tl.ModeKeys.EVAL):
             backend.write(record(step, mode, order))
@@ -706,7 +735,7 @@ def test_records_written_directly_modes_workers_and_large_batches(mlflow_server:
     """The backend driven by hand with records as the dispatcher hands them over."""
     client = MlflowClient(mlflow_server)
     run_id = _new_run(client, tmp_path)
-    backend = MLflowBackend(client=client, run_id=run_id, prefix="tl", histogram_every=0, heatmaps=False)
+    backend = MLflowBackend(client=client, run_id=run_id, prefix="tl", histogram_every=0, heatmaps=False, tracker_stats="all")
     backend.open(tl.RunInfo("direct", str(tmp_path), rank=0, world_size=2, config={"include_workers": "all"}))
     many = [tl.ScalarEntry(f"weights/layer{i}.weight", "l2", float(i)) for i in range(2100)]  # > 2 batches
     counts, edges = np.array([1, 2, 1]), np.array([0.0, 1.0, 2.0, 3.0])
@@ -722,13 +751,13 @@ def test_records_written_directly_modes_workers_and_large_batches(mlflow_server:
 
     metrics = client.get_run(run_id).data.metrics
     assert len(metrics) == 2100 + 2  # quantiles are the record's own statistics: none in a hand-made record
-    assert all(metrics[f"tl/weights/layer{i}.weight/l2"] == float(i) for i in range(2100))  # rank 0: no infix
-    assert metrics["tl/predict/worker_1/summaries/x"] == 2.5
+    assert all(metrics[f"tl-weights/layer{i}.weight/l2"] == float(i) for i in range(2100))  # rank 0: no infix
+    assert metrics["tl-predict-worker_1-summaries/x"] == 2.5
     assert metrics[backend.metric_key("scalars/a[0]", None, "global", "worker_1")] == 1.0
-    assert re.fullmatch(r"tl/global/worker_1/scalars/a_0_-[0-9a-f]{8}", backend.metric_key("scalars/a[0]", None, "global", "worker_1"))
-    l2 = client.get_metric_history(run_id, "tl/weights/layer5.weight/l2")
+    assert re.fullmatch(r"tl-global-worker_1-scalars/a_0_-[0-9a-f]{8}", backend.metric_key("scalars/a[0]", None, "global", "worker_1"))
+    l2 = client.get_metric_history(run_id, "tl-weights/layer5.weight/l2")
     assert [(m.step, m.timestamp, m.value) for m in l2] == [(7, 1_700_000_000_500, 5.0)]
-    assert [m.step for m in client.get_metric_history(run_id, "tl/predict/worker_1/summaries/x")] == [7]
+    assert [m.step for m in client.get_metric_history(run_id, "tl-predict-worker_1-summaries/x")] == [7]
     assert _artifacts(client, run_id) == []  # histogram_every=0, heatmaps=False
 
 
