@@ -91,10 +91,13 @@ class LossNotDecreasing(Rule):
     A rise must also stand out of the loss's own noise: exceed ``noise_tolerance`` standard errors
     of the difference of the two means, with the loss's noise estimated from the changes between
     consecutive saved losses (robustly: 1.4826 times their median absolute deviation, over
-    ``sqrt(2)``; the last 256). A minibatch loss varies by tens of percent from batch to batch, so
-    without this a healthy run fires; ``noise_tolerance=0`` compares the means alone, as SageMaker.
+    ``sqrt(2)``; the last 32: the noise of the loss now, not of an earlier phase). A minibatch
+    loss varies by tens of percent from batch to batch, so without this a healthy run fires; ``noise_tolerance=0`` compares the means alone, as SageMaker.
     Until five changes are known a rise is not judged (a noise read from fewer is a guess; a
-    diverging loss rises by far more than 4 standard errors). ``mode``: only records of that mode;
+    diverging loss rises by far more than 4 standard errors). Likewise a decrease below
+    ``diff_percent`` counts only when the means resolve it: when ``noise_tolerance`` standard
+    errors are below ``diff_percent`` of the loss (a stuck loss, the same at every step, has no
+    noise; a noisy one that lands in the band by chance is not judged). ``mode``: only records of that mode;
     ``None``: train losses (global ones for records without a mode); eval losses only with
     ``mode="eval"``, as a window of eval steps compares batches of one evaluation.
     """
@@ -132,7 +135,7 @@ class LossNotDecreasing(Rule):
                 continue  # an infinite loss is LossSpike's and ExplodingTensor's business, not a window's mean
             key = (record.worker, record.mode.value, tensor)
             if key in self._last:
-                self._changes.setdefault(key, collections.deque(maxlen=256)).append(loss - self._last[key])
+                self._changes.setdefault(key, collections.deque(maxlen=32)).append(loss - self._last[key])
             self._last[key] = loss
             index = record.mode_step // self.num_steps
             window = self._open.get(key)
@@ -162,12 +165,15 @@ class LossNotDecreasing(Rule):
         if before.mean == 0:
             return None if now.mean <= 0 else self.finding(record, tensor, f"mean loss rose from 0: {span}", now.mean)
         decrease = 100.0 * (before.mean - now.mean) / abs(before.mean)
+        error = None if noise is None else noise * math.sqrt(1.0 / now.count + 1.0 / before.count)
         if 0.0 <= decrease < self.diff_percent:
+            band = self.diff_percent / 100.0 * abs(before.mean)
+            if self.noise_tolerance > 0 and error is not None and self.noise_tolerance * error >= band:
+                return None  # the means are too noisy to resolve diff_percent: landing below it is luck
             return self.finding(record, tensor, f"mean loss decreased by only {decrease:.3g}% {span} "
                                                 f"(< diff_percent {self.diff_percent:g}%)", now.mean)
         if -decrease > self.increase_threshold_percent:
             rise = now.mean - before.mean
-            error = None if noise is None else noise * math.sqrt(1.0 / now.count + 1.0 / before.count)
             if self.noise_tolerance > 0 and (error is None or rise <= self.noise_tolerance * error):
                 return None  # within the loss's noise (or its noise is not known yet)
             beyond = "" if error is None else f", {rise / error:.3g} standard errors" if error > 0 else ", the loss had no noise"

@@ -61,12 +61,14 @@ def not_decreasing_reference(values: list[float], num_steps: int = 10, diff_perc
             continue  # comparisons happen at the first loss of a window, from the third window on
         before, now = v[(k - 2) * num_steps:(k - 1) * num_steps], v[(k - 1) * num_steps:k * num_steps]
         decrease = 100.0 * (before.mean() - now.mean()) / abs(before.mean())
+        changes = np.diff(v[:step + 1])[-32:]
+        noise = 1.4826 * np.median(np.abs(changes - np.median(changes))) / math.sqrt(2.0)
+        error = noise * math.sqrt(1.0 / len(now) + 1.0 / len(before)) if step >= 5 else None
         if 0.0 <= decrease < diff_percent:
-            out.append((step, "flat"))
-        elif -decrease > increase_threshold_percent and (noise_tolerance == 0 or step >= 5):
-            changes = np.diff(v[:step + 1])[-256:]
-            noise = 1.4826 * np.median(np.abs(changes - np.median(changes))) / math.sqrt(2.0)
-            if now.mean() - before.mean() > noise_tolerance * noise * math.sqrt(1.0 / len(now) + 1.0 / len(before)):
+            if noise_tolerance == 0 or error is None or noise_tolerance * error < diff_percent / 100 * abs(before.mean()):
+                out.append((step, "flat"))
+        elif -decrease > increase_threshold_percent and (noise_tolerance == 0 or error is not None):
+            if noise_tolerance == 0 or now.mean() - before.mean() > noise_tolerance * error:
                 out.append((step, "rise"))
     return out
 
