@@ -183,6 +183,16 @@ def shared_scale(stat: str, matrices: Sequence[np.ndarray]) -> tuple[bool, tuple
     return log, (low, high)
 
 
+def _held_nonfinite(run: RunData, tensors: list[str]) -> np.ndarray:
+    """Where a tensor held NaN or Inf values (its ``nan_count`` + ``inf_count`` > 0) at the kept
+    steps: a statistic of such a tensor (a dead fraction of NaN activations) says nothing about it."""
+    held = np.zeros((len(tensors), len(run.column_records)), dtype=bool)
+    for stat in ("nan_count", "inf_count"):
+        counts, _ = run.column_values(tensors, stat)
+        held |= np.nan_to_num(counts, nan=0.0) > 0
+    return held
+
+
 def layers(runs: Sequence[RunData], options: ReportOptions) -> Section | None:
     available: dict[tuple[str, str], None] = {}
     wanted = [(c, options.stat) for c in ("gradients", "weights", "activations", "updates", "dynamics", "biases")]
@@ -204,8 +214,8 @@ def layers(runs: Sequence[RunData], options: ReportOptions) -> Section | None:
         for r, tensors, values, present in drawn:
             title = f"{collection} {stat}" + (f" — {r.name}" if len(runs) > 1 else "")
             labels = [t.split("/", 1)[1] if "/" in t else t for t in tensors]
-            nonfinite = present & ~np.isfinite(values)
-            caption = f"red: NaN or Inf in {int(nonfinite.sum())} cells" if nonfinite.any() else ""
+            nonfinite = present & (~np.isfinite(values) | _held_nonfinite(r, tensors))
+            caption = f"red: the tensor held NaN or Inf ({int(nonfinite.sum())} cells)" if nonfinite.any() else ""
             blocks.append(Chart(layer_heatmap_spec(title, stat, len(tensors), log, domain, bool(nonfinite.any())),
                                 {"values": matrix(labels, r.column_steps, values, nonfinite, stat=stat)},
                                 caption=caption, eager=not choices))
@@ -215,7 +225,7 @@ def layers(runs: Sequence[RunData], options: ReportOptions) -> Section | None:
     intro = (f"One row per tensor in the order they were recorded, one column per kept step (at most {columns}, "
              "evenly spread over the run, the last step always). The colour scale is logarithmic when the values "
              f"are positive and span more than a factor of 20; fractions always run from 0 to 1.{shared} "
-             "A red cell held NaN or Inf.")
+             "A red cell: the tensor held NaN or Inf at that step.")
     return Section("layers", "Layers over steps", [Choice("statistic", choices)], intro=intro)
 
 

@@ -36,8 +36,9 @@ def _names(names: Sequence[str], limit: int = NAMED) -> str:
     return shown + (f" +{len(names) - limit} more" if len(names) > limit else "")
 
 
-def health_card(health: Health, data: RunData, color: str) -> Card:
-    """One run's health as a card (see :mod:`.health` for what each line means)."""
+def health_card(health: Health, data: RunData, color: str, rules_listed: bool = False) -> Card:
+    """One run's health as a card (see :mod:`.health` for what each line means); with
+    ``rules_listed`` the section names the rules (every run was checked by the same ones)."""
     counts = health.counts()
     if health.status == "healthy":
         badge = "healthy: no rule fired"
@@ -46,7 +47,8 @@ def health_card(health: Health, data: RunData, color: str) -> Card:
                                                                             else " findings")
     facts: list[tuple[str, str]] = []
     if health.rules:
-        facts.append(("rules", f"{len(health.rules)} evaluated on the store: {', '.join(health.rules)}"))
+        names = "listed above" if rules_listed else ", ".join(health.rules)
+        facts.append(("rules", f"{len(health.rules)} evaluated on the store ({names})"))
     for error in health.errors:
         facts.append(("rule note", error))
     if health.first_nonfinite is not None:
@@ -64,9 +66,11 @@ def health_card(health: Health, data: RunData, color: str) -> Card:
         finite = [(t, v) for t, v in health.dead if math.isfinite(v)]
         shown = [f"{t} {percent(v)}" for t, v in finite[:WORST] if v > 0]
         what = f"{health.dead_statistic} at step {last}"
-        text = f"{', '.join(shown)} ({what})" if shown else f"none ({what} is 0 everywhere)" if finite else what
+        text = f"{', '.join(shown)} ({what})" if shown else f"none ({what} is 0 everywhere)"
         broken = len(health.dead) - len(finite)
-        if broken:
+        if broken == len(health.dead):
+            text = f"not counted: all {broken} layers hold NaN/Inf at step {last}"
+        elif broken:
             text += f"; {broken} of {len(health.dead)} layers hold NaN/Inf there, not counted"
         facts.append((label, text))
     if health.update_ratios is None:
@@ -84,12 +88,15 @@ def health_card(health: Health, data: RunData, color: str) -> Card:
 
 
 def health(runs: Sequence[RunData], options: Any) -> Section | None:
-    cards = [health_card(run_health(r), r, RUN_COLORS[i % len(RUN_COLORS)]) for i, r in enumerate(runs)]
-    intro = ("Each run checked by the default rules for what it recorded (evaluated on the store now, with what the "
-             "rules stored while it trained): findings by severity (critical: NaN/Inf; every finding is in Rule "
-             "findings below), the first step a tensor held NaN or Inf (tensors in the order a step computes them), "
-             "the layers with the most dead units and the update ratios farthest from 1e-3 at the last step, and "
-             "the rules that had nothing to read.")
+    found = [run_health(r) for r in runs]
+    same = len(runs) > 1 and all(h.rules == found[0].rules for h in found) and bool(found[0].rules)
+    cards = [health_card(h, r, RUN_COLORS[i % len(RUN_COLORS)], same) for i, (h, r) in enumerate(zip(found, runs, strict=True))]
+    rules = f" ({', '.join(found[0].rules)})" if same else ""
+    intro = (f"Each run checked by the default rules for what it recorded{rules}, evaluated on the store now, with "
+             "what the rules stored while it trained: findings by severity (critical: NaN/Inf; every finding is in "
+             "Rule findings below), the first step a tensor held NaN or Inf (tensors in the order a step computes "
+             "them), the layers with the most dead units and the update ratios farthest from 1e-3 at the last step, "
+             "and the rules that had nothing to read.")
     return Section("health", "Health", [Cards(cards)], intro=intro)
 
 

@@ -100,7 +100,7 @@ def test_report_opens_with_each_runs_health(health_runs: dict[str, str]) -> None
     nan = cards["nan"]
     assert f"<dt>first NaN/Inf</dt><dd>step {FAULT_STEP}: activations/0, activations/1, activations/2 +" in nan
     assert "<td>critical</td><td>ExplodingTensor</td>" in nan and "<td>critical</td><td>NonFiniteGradient</td>" in nan
-    assert "layers hold NaN/Inf there, not counted" in nan
+    assert "not counted: all 5 layers hold NaN/Inf at step 15" in nan
     # the findings section lists what the rules find on the store now (the runs stored none while training)
     data = payload(page)
     [ticks] = charts_titled(data, "Rule findings over steps")

@@ -50,7 +50,7 @@
         var v = d.values[i * nCols + c], bad = flagged.has(i * nCols + c);
         if (v === null && !bad) continue;
         var row = {tensor: d.rows[i], step: d.steps[c], step_start: d.starts[c], step_end: d.ends[c], value: v};
-        if (bad) row.nonfinite = "NaN or Inf";
+        if (bad) row.nonfinite = "held NaN or Inf";
         rows.push(withConstant(row, d.constant));
       }
     }
