@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -109,13 +110,22 @@ def check_tracker_stats(name: str, value: Any) -> TrackerStats | None:
 
 
 def environment_tracker_stats() -> TrackerStats | None:
-    """:data:`TRACKER_STATS_ENV` as a payload choice (``None`` when unset or empty)."""
+    """:data:`TRACKER_STATS_ENV` as a payload choice (``None`` when unset or empty). It is read when
+    a backend opens, so a bad value is one warning and the default, never a failed run."""
     raw = os.environ.get(TRACKER_STATS_ENV, "").strip()
     if not raw:
         return None
     if raw in (DEFAULT, ALL):
         return raw
-    return check_tracker_stats(TRACKER_STATS_ENV, [part.strip() for part in raw.split(",") if part.strip()])
+    names = [part.strip() for part in raw.split(",") if part.strip()]
+    if names and all(n.replace("_", "").isalnum() for n in names):
+        return check_tracker_stats(TRACKER_STATS_ENV, names)
+    warnings.warn(
+        f"tensorlens: {TRACKER_STATS_ENV}={raw!r} is not \"default\", \"all\" or statistic names such as "
+        "\"l2,histogram\"; the trackers get the default payload",
+        stacklevel=2,
+    )
+    return None
 
 
 def resolve_tracker_stats(backend: Any = None, run: Any = None) -> TrackerStats:
