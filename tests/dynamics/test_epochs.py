@@ -80,9 +80,9 @@ def test_epoch_aggregates_equal_numpy_over_the_saved_steps(tmp_path: Any) -> Non
     assert run.steps("epoch") == [0, 1, 2]
     assert run.tensor("gradients/0.weight").reduction_value(step=2, name="l2") == train[1].scalar("gradients/0.weight", "l2")
     assert [r.mode_step for r in run.records(mode="epoch")] == [0, 1, 2]
-    # trackers: the mode part, as for every mode but train
+    # trackers: the mode part in the section, as for every mode but train (tensorlens.backends.keys)
     assert tracker_key("tensorlens", "epoch", "worker_0", "epochs/gradients/0.weight/l2_mean") == (
-        "tensorlens/epoch/epochs/gradients/0.weight/l2_mean")
+        "tensorlens-epoch-gradients/0.weight/l2_mean")
 
 
 def test_chosen_statistics_and_empty_epochs(tmp_path: Any) -> None:
