@@ -13,6 +13,8 @@ For one run (a :class:`~tensorlens.reports.data.RunData`, already read in one pa
 - **dead units**: the layers with the largest ``dead_fraction`` (units zero for the whole batch,
   ``tl.watch(model, dynamics=True)``) at the last saved step; without it, the largest
   ``zero_fraction`` of activations;
+- **what changed first**: before the run's first loss spike or non-finite value, the tensors that
+  left their own trailing behaviour earliest and farthest (:func:`tensorlens.analysis.explain.explain`);
 - **update ratio**: the parameters whose ``||update|| / ||weight||`` at the last saved step lies
   farthest from 1e-3 on a log scale (an update of 0, or NaN, is farthest of all), from
   ``dynamics/<param>`` ``update_ratio`` or ``updates/<param>`` l2 over ``weights/<param>`` l2.
@@ -78,6 +80,7 @@ class Health:
     dead_statistic: str  # "dead_fraction" or "zero_fraction"
     update_ratios: list[tuple[str, float]] | None  # (parameter, ratio) worst first
     errors: list[str] = dataclasses.field(default_factory=list)  # what the rules warned about, or why they could not run
+    explanation: Any = None  # tl.explain's answer for the run's first event (None: no event, or not run)
 
     @property
     def findings(self) -> list[Finding]:
@@ -114,6 +117,7 @@ def run_health(data: RunData, rules: Sequence[Any] | None = None) -> Health:
     dead, dead_statistic = _dead(data)
     health = Health(data.name, names, fired, notes, _first_nonfinite(data), bool(data.nonfinite), dead, dead_statistic,
                     _update_ratios(data), errors)
+    health.explanation = _explain(data, errors)
     if rules is None:
         data._health = health  # type: ignore[attr-defined]
     return health
@@ -150,6 +154,21 @@ def _rules(data: RunData, rules: Sequence[Any] | None) -> tuple[list[Finding], l
             found.append(f)
     notes = [n for n in notes if all(f.rule != n.rule for f in found)]  # a rule that fired was evaluated
     return found, notes, names, errors
+
+
+def _explain(data: RunData, errors: list[str]) -> Any:
+    """What changed first before the run's first loss spike or non-finite value (``tl.explain``),
+    or ``None`` when the run has no such event."""
+    try:
+        from tensorlens.analysis.explain import explain
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            found = explain(data.run, top=WORST, worker=data.worker)
+    except Exception as err:  # an odd store must not take the page down
+        errors.append(f"what changed first could not be worked out: {type(err).__name__}: {err}")
+        return None
+    return found if found.event is not None else None
 
 
 def _first_nonfinite(data: RunData) -> tuple[int, list[str]] | None:

@@ -58,6 +58,9 @@ def health_card(health: Health, data: RunData, color: str, rules_listed: bool = 
         facts.append(("first NaN/Inf", f"none in {len(data.steps)} saved steps"))
     else:
         facts.append(("first NaN/Inf", "not recorded (no nan_count/inf_count)"))
+    if health.explanation is not None:
+        causes = ", ".join(str(c) for c in health.explanation.causes[:WORST]) or "no tensor left its trailing behaviour"
+        facts.append(("what changed first", f"{causes} (tl.explain; the event: {health.explanation.event})"))
     last = data.steps[-1] if data.steps else None
     if health.dead is None:
         facts.append(("dead units", "not recorded: tl.watch(model, dynamics=True) records dead_fraction"))

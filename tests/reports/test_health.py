@@ -204,3 +204,15 @@ def test_rules_that_had_nothing_to_read_are_shown_and_not_counted(scales_run: st
     page = build_report(scales_run).html
     card = next(iter(_cards(page).values()))
     assert f"<dt>not evaluated</dt><dd>LossNotDecreasing: {notes['LossNotDecreasing']}" in card.replace("&#x27;", "'")
+
+
+def test_what_changed_first_is_in_the_nan_runs_card(health_runs: dict[str, str]) -> None:
+    from tensorlens.analysis.explain import explain
+
+    want = explain(health_runs["nan"], top=3)
+    assert want.event is not None and want.event.step == FAULT_STEP
+    health = run_health(load_run(health_runs["nan"]))
+    assert [c.tensor for c in health.explanation.causes] == [c.tensor for c in want.causes]
+    card = _cards(build_report(health_runs["nan"]).html)["nan"]
+    assert f"<dt>what changed first</dt><dd>{want.causes[0]}" in card
+    assert run_health(load_run(health_runs["healthy"])).explanation is None  # no event: no line
