@@ -341,9 +341,10 @@ class TensorLensCallbackBase(CallbackBase):
             self._record_logged_losses(hook, trainer)
         hook.end_step()
         self._eval_step = False
-        # back to train when validation ran inside fit; a test/predict stage ends with teardown
+        # back to train (and to trainer.global_step) when validation ran inside fit; a
+        # test/predict stage ends with teardown
         if getattr(trainer.state, "fn", None) == "fit":
-            hook.set_mode(ModeKeys.TRAIN)
+            self._sync(trainer, ModeKeys.TRAIN)
 
     def _begin_batch(self, trainer: Any) -> None:
         hook = self._live_hook()
