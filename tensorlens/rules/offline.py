@@ -183,6 +183,11 @@ def evaluate(run: Run | str, rules: Rule | Sequence[Rule] | None = None, start_s
     try:
         chosen = default_rules(store) if rules is None else _rules_list(rules)
         found, notes = _run_rules(store, chosen, start_step, end_step, False, False, None, 0.5, on_record)
+        # NonFiniteGradient, GradientNormSpike and LossSpike findings name what moved first (tl.explain);
+        # imported here: analysis reads runs with the rules, rules import no analysis at import time
+        from tensorlens.analysis.explain import attach_causes
+
+        found = attach_causes(found, store)
     finally:
         if opened:
             store.close()
