@@ -11,9 +11,10 @@ The method, in full (``docs/explain.md`` says the same with an example):
    cause; ``dynamics/global`` sums every parameter; neither is a candidate.
 2. **Event.** With ``at_step``: that saved step (or the last one before it). Otherwise the first
    saved step where a loss (a plain ``losses/*`` value) is NaN/Inf or a NaN/Inf count is above 0
-   (*non-finite*), or a loss lies above its trailing median ``m`` by more than ``threshold`` times
-   ``max(1.4826 * MAD, LOSS_FLOOR * |m|)`` over the ``window`` saved steps before (*loss spike*: at
-   least 1.6 times the median with the defaults). A run with neither has no event and no cause.
+   (*non-finite*), or a loss spikes as the ``LossSpike`` rule defines it with its defaults: its
+   robust z-score ``(x - m) / (1.4826 * MAD)`` against the ``window`` finite saved values before
+   (at least :data:`LOSS_MIN_HISTORY`) passes ``threshold`` *and* ``x > LOSS_FACTOR * m``. A run
+   with neither has no event and no cause.
 3. **Trailing behaviour.** For a series ``x`` at a saved step ``i``: ``m`` the median and
    ``s = max(1.4826 * MAD, floor)`` the robust scale (MAD: the median absolute deviation from
    ``m``) of its finite values at the ``window`` saved steps before ``i``, at least
@@ -52,6 +53,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import statistics
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -66,7 +68,6 @@ from tensorlens.analysis.departures import (
     departures,
     forward_order,
     phase_of,
-    robust,
     series_kind,
 )
 from tensorlens.findings import Finding
@@ -75,8 +76,10 @@ from tensorlens.store.validate import scalar_values
 
 __all__ = ["Cause", "Event", "Explanation", "attach_causes", "explain"]
 
-#: A loss spike's scale is never below this fraction of the median loss.
-LOSS_FLOOR = 0.1
+#: A loss spike is also this many times the trailing median, and needs this many values before
+#: it: the ``LossSpike`` rule's defaults, so that its finding and ``explain``'s event agree.
+LOSS_FACTOR = 2.0
+LOSS_MIN_HISTORY = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,18 +231,20 @@ class _EventWatch:
         for i, tensor in plan.losses:
             history = self.losses.setdefault(tensor, collections.deque(maxlen=self.window))
             value = float(values[i])
-            if len(history) >= MIN_HISTORY:
-                median, scale, _ = robust(np.asarray(history)[:, None], 0.0)
-                scale = np.maximum(scale, LOSS_FLOOR * np.abs(median))
-                if value > median[0] + self.threshold * scale[0]:
+            if len(history) >= LOSS_MIN_HISTORY:
+                median = statistics.median(history)
+                scale = 1.4826 * statistics.median(abs(v - median) for v in history)
+                z = (value - median) / scale if scale > 0 else (math.inf if value > median else 0.0)
+                if z > self.threshold and value > LOSS_FACTOR * median:
                     return Event(
                         step,
                         "loss spike",
                         tensor,
                         "",
                         value,
-                        f"{tensor} {value:.4g} > median {median[0]:.4g} of the previous {len(history)} saved "
-                        f"steps + {self.threshold:g} x scale {scale[0]:.3g}",
+                        f"{tensor} {value:.4g} is {z:.3g} robust standard deviations above the median {median:.4g} "
+                        f"of the previous {len(history)} saved steps (> {self.threshold:g}, and > "
+                        f"{LOSS_FACTOR:g} x the median)",
                     )
             history.append(value)
         return None
@@ -377,29 +382,61 @@ def _explain(
     return Explanation(run.path, event, causes[:top], message, window, threshold, read)
 
 
+#: The rules whose findings mark an event worth explaining (:func:`attach_causes`).
+EVENT_RULES = ("NonFiniteGradient", "GradientNormSpike", "LossSpike")
+#: At most this many episodes of one rule are explained in one call (each reads ~2 windows of steps).
+MAX_EPISODES = 20
+
+
 def attach_causes(
-    findings: Iterable[Finding],
-    run: Run | str,
-    top: int = 3,
-    rules: Sequence[str] = ("NonFiniteGradient", "GradientNormSpike", "LossSpike"),
+    findings: Iterable[Finding], run: Run | str, top: int = 3, rules: Sequence[str] = EVENT_RULES
 ) -> list[Finding]:
-    """``findings`` with the ``top`` causes of each finding of ``rules`` appended to its message
-    (``"...; first to move: gradients/fc3.weight l2 from step 40, ..."``), explained at the
-    finding's step; other findings unchanged. One explanation per step, however many findings."""
+    """``findings`` with the ``top`` causes appended to the message of each finding of ``rules``
+    (``"...; first to move: gradients/fc3.weight l2 from step 40, ..."``); other findings, and
+    "not evaluated" notes, unchanged.
+
+    A rule that fires at consecutive saved steps (a NaN stays, so NonFiniteGradient fires at every
+    step after it, on every gradient) makes one *episode*: it is explained once, at its first step
+    (what moved before the event, not after it), and each of its findings carries those causes.
+    Each rule's first :data:`MAX_EPISODES` episodes are explained; a finding already carrying
+    causes is left as it is.
+
+    >>> attach_causes(R.evaluate(run).findings, run)[0].message   # doctest: +SKIP
+    '1 NaN and 0 Inf in the gradient (1024 values); first to move: activations/fc3/sample_norm nan_count from step 30, ...'
+    """
     findings = list(findings)
-    wanted = {f.step for f in findings if f.rule in rules and getattr(f, "evaluated", True)}
-    if not wanted:
+    chosen = [
+        f
+        for f in findings
+        if f.rule in rules and getattr(f, "evaluated", True) and "; first to move: " not in f.message
+    ]
+    if not chosen:
         return findings
     opened = not isinstance(run, Run)
     store = open_run(str(run)) if opened else run
     try:
-        said = {step: explain(store, at_step=step, top=top).summary(top) for step in sorted(wanted)}
+        saved = store.steps()
+        before = {step: saved[i - 1] for i, step in enumerate(saved) if i}  # the saved step before each
+        start: dict[tuple[str, int], int] = {}  # (rule, step) -> the first step of its episode
+        for rule in dict.fromkeys(f.rule for f in chosen):
+            steps = sorted({f.step for f in chosen if f.rule == rule})
+            fired = set(steps)
+            for step in steps:
+                start[(rule, step)] = (
+                    start.get((rule, before.get(step, -1)), step) if before.get(step) in fired else step
+                )
+        said: dict[int, str] = {}
+        for rule in dict.fromkeys(f.rule for f in chosen):
+            for step in sorted({s for (r, s), first in start.items() if r == rule and s == first})[:MAX_EPISODES]:
+                if step not in said:
+                    found = explain(store, at_step=step, top=top)
+                    said[step] = found.summary(top) if found.causes else ""
     finally:
         if opened:
             store.close()
-    return [
-        dataclasses.replace(f, message=f"{f.message}; {said[f.step]}")
-        if f.step in said and f.rule in rules and getattr(f, "evaluated", True) and not f.message.endswith(said[f.step])
-        else f
-        for f in findings
-    ]
+    mine = {id(f) for f in chosen}
+    out = []
+    for f in findings:
+        text = said.get(start[(f.rule, f.step)], "") if id(f) in mine else ""
+        out.append(dataclasses.replace(f, message=f"{f.message}; {text}") if text else f)
+    return out

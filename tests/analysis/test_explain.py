@@ -315,3 +315,20 @@ def test_attach_causes_adds_the_first_to_move_to_the_findings_of_those_rules(run
     ), done[0].message
     assert attach_causes(done, path) == done  # said once
     assert isinstance(explain(path), Explanation) and isinstance(explain(path)[0], Cause)
+
+
+def test_attach_causes_explains_each_episode_once_at_its_first_step(runs) -> None:
+    """The findings the default rules make on the NaN run: NonFiniteGradient fires on every gradient
+    at every step from the NaN on, one episode; each finding carries the causes of its first step."""
+    from tensorlens import rules as R
+
+    path = runs("nan")
+    evaluation = R.evaluate(path)
+    nonfinite = [f for f in evaluation.findings if f.rule == "NonFiniteGradient"]
+    assert {f.step for f in nonfinite} == set(range(FAULT_STEP, FAULT_STEP + 6)), {f.step for f in nonfinite}
+    first = explain(path, at_step=FAULT_STEP, top=3).summary(3)
+    assert first.startswith(f"first to move: activations/{LAYER}/sample_norm nan_count from step {FAULT_STEP}")
+    for finding in nonfinite:
+        assert finding.message.endswith(f"; {first}"), finding.message
+    others = [f for f in evaluation.findings if f.rule not in ("NonFiniteGradient", "GradientNormSpike", "LossSpike")]
+    assert all("first to move" not in f.message for f in others)
