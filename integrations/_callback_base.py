@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, registered_backends
 from tensorlens.capture.modules import ModuleTaps
-from tensorlens.config import DynamicsConfig, HistogramConfig, ReductionConfig, SaveConfig
+from tensorlens.config import DynamicsConfig, HistogramConfig, ReductionConfig, SaveConfig, SaveConfigMode
 from tensorlens.engine.recorder import Recorder
 from tensorlens.engine.run_names import Naming, named_after
 from tensorlens.modes import ModeKeys
@@ -124,6 +124,7 @@ class CallbackBase:
         self._runs_started += 1
         self._run_dir, self._run_name = recorder.run_dir, recorder.run_name
         try:
+            _every_evaluation_loss(recorder)
             taps = ModuleTaps(recorder.capture, recorder.warn_once, recorder.dynamics)
             taps.add_root(root)
             recorder.add_source(taps)
@@ -168,6 +169,18 @@ class CallbackBase:
         if key not in self._warned:
             self._warned.add(key)
             warnings.warn(f"tensorlens: {message}", stacklevel=3)
+
+
+def _every_evaluation_loss(recorder: Recorder) -> None:
+    """The ``losses`` collection saves every eval step (unless given a save config of its own):
+    an evaluation's loss is known once, at its end, and goes into its last batch's record, which
+    the schedule of the other collections would mostly skip (``save_interval`` counts eval batches).
+    A step with nothing but a loss costs one scalar; a batch without one records nothing."""
+    losses = recorder.collections.get("losses")
+    if losses is not None and losses.save_config is None:
+        modes = dict(recorder.save_config.modes)
+        modes[ModeKeys.EVAL] = SaveConfigMode(save_interval=1)
+        losses.save_config = SaveConfig(mode_save_configs=modes)
 
 
 def _option_attribute(name: str) -> property:

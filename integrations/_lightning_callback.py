@@ -41,8 +41,9 @@ Losses (``losses/loss``, the name in both modes, so train and validation losses 
 - validation / test: the loss each ``validation_step`` / ``test_step`` returns, in its batch's
   record; if it returns none, the loss the module logs (``self.log("val_loss", ...)``: every
   metric logged during the evaluation whose name holds ``loss``, as Lightning aggregates it,
-  named without its ``val``/``test`` prefix), in the evaluation's last record, when that batch is
-  a saved eval step. Eval records carry the step Lightning's loggers log the evaluation at.
+  named without its ``val``/``test`` prefix), in the evaluation's last record (the ``losses``
+  collection saves every eval step, so every evaluation's loss is there). Eval records carry
+  the step Lightning's loggers log the evaluation at.
 """
 
 from __future__ import annotations

@@ -35,9 +35,9 @@ Where the Trainer (transformers 5.x) lets it in, for one optimizer step of ``n``
 
 Losses: the loss the Trainer logs (``logs["loss"]`` of ``on_log``: the mean over the steps since
 its last log, as its trackers get it) is ``losses/loss`` of the train record of the step it is
-logged at, every ``logging_steps`` steps that tensorlens saves; the evaluation's ``eval_loss``
-(``on_evaluate``'s metrics) is ``losses/loss`` of its last eval record, when that batch is a saved
-eval step. Both carry the ``global_step`` the Trainer logs them at.
+logged at, every ``logging_steps`` steps that tensorlens saves; every evaluation's ``eval_loss``
+(``on_evaluate``'s metrics) is ``losses/loss`` of its last eval record (the ``losses`` collection
+saves every eval step). Both carry the ``global_step`` the Trainer logs them at.
 """
 
 from __future__ import annotations

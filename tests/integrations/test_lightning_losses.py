@@ -133,6 +133,12 @@ def test_mlflow_logger_names_the_run_and_the_losses_match_mlflow(tmp_path: Any) 
     stored = run.tensor("losses/loss").values()
     assert sorted(stored) == [0, 2]  # the saved steps (save_interval=2)
     assert stored == pytest.approx({s: logged[s] for s in stored}, rel=1e-6)
+    # the evaluation's loss is recorded although its last batch (eval step 1) is not a step
+    # save_interval=2 saves: the losses collection saves every eval step
+    [(val_step, val_loss)] = [(m.step, m.value) for m in client.get_metric_history(logger.run_id, "val_loss")]
+    assert run.tensor("losses/loss").values(mode="eval") == pytest.approx({1: val_loss}, rel=1e-6)
+    assert [k.step for k in run.step_keys() if k.mode == tl.ModeKeys.EVAL and k.mode_step == 1] == [val_step]
+    assert "weights/layer.weight" not in {n.rsplit("/", 1)[0] for n in run.scalars(step=1, mode="eval")}
 
 
 def test_an_explicit_run_name_wins_and_accumulated_losses_are_averaged(tmp_path: Any) -> None:

@@ -71,11 +71,14 @@ def test_the_logged_loss_at_the_trainers_steps_and_the_run_named_after_run_name(
 
 
 def test_losses_only_on_the_steps_the_trainer_logs_and_an_explicit_name_wins(tmp_path: Any) -> None:
-    callback = TensorLensCallback(save_interval=1, run_name="mine")
+    callback = TensorLensCallback(save_interval=2, run_name="mine")
     trainer = train(tmp_path, callback, "ignored", logging_steps=2)
     assert callback.recorder.run_name == "mine"
     run = tl.open_run(callback.run_dir)
     logged = {e["step"]: e["loss"] for e in trainer.state.log_history if "loss" in e}
     assert sorted(logged) == [2, 4]  # each the mean over the 2 steps since the last log
     assert run.tensor("losses/loss").values() == pytest.approx(logged, rel=1e-12)
-    assert run.steps("train") == [1, 2, 3, 4]  # every step is still recorded
+    assert run.steps("train") == [2, 4]
+    # every evaluation's loss, although save_interval=2 saves neither's last batch (eval steps 1, 3)
+    logged_eval = [e["eval_loss"] for e in trainer.state.log_history if "eval_loss" in e]
+    assert run.tensor("losses/loss").values(mode="eval") == pytest.approx(dict(zip([1, 3], logged_eval, strict=True)), rel=1e-12)
