@@ -5,10 +5,10 @@ you name), ranked.
 The method, in full (``docs/explain.md`` says the same with an example):
 
 1. **Series.** Of the train records of one worker, each statistic of each tensor read over the
-   saved steps: the sizes (:data:`~tensorlens.analysis.departures.SIZE_STATISTICS`, and ``mean``/``max`` of per-sample norms) on
-   a log scale, plain values (``summaries``, ``scalars``) as they are, and ``nan_count``,
-   ``inf_count``, ``grad_nonfinite_count`` as "NaN/Inf from here". Losses are the event, not a
-   cause; ``dynamics/global`` sums every parameter; neither is a candidate.
+   saved steps: the sizes (:data:`~.departures.SIZE_STATISTICS`, and ``mean``/``max`` of
+   per-sample norms) on a log scale, plain values (``summaries``, ``scalars``) as they are, and
+   ``nan_count``, ``inf_count``, ``grad_nonfinite_count`` as "NaN/Inf from here". Losses are the
+   event, not a cause; ``dynamics/global`` sums every parameter; neither is a candidate.
 2. **Event.** With ``at_step``: that saved step (or the last one before it). Otherwise the first
    saved step where a loss (a plain ``losses/*`` value) is NaN/Inf or a NaN/Inf count is above 0
    (*non-finite*), or a loss spikes as the ``LossSpike`` rule defines it with its defaults: its
