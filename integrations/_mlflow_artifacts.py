@@ -125,7 +125,8 @@ class LayerPainter:
         self._figure_type = Figure
         self._canvas_type = FigureCanvasAgg
 
-    def draw(self, history: LayerHistory, title: str, xlabel: str, path: str) -> None:
+    def draw(self, history: LayerHistory, title: str, xlabel: str) -> Any:
+        """The image as a PIL image (drawn to memory: no PNG written and read back)."""
         steps, grid = history.grid()
         layers = list(history.layers)
         linear = history.stat in _LINEAR_STATS
@@ -135,7 +136,7 @@ class LayerPainter:
             with np.errstate(divide="ignore", invalid="ignore"):
                 shown = np.where(finite & (np.abs(grid) > 0), np.log10(np.abs(grid)), np.nan)
         height = min(2.0 + 0.12 * len(layers), 14.0)
-        figure = self._figure_type(figsize=(11, height), dpi=100)
+        figure = self._figure_type(figsize=(11, height), dpi=90)
         self._canvas_type(figure)
         # fixed rectangles, no shared axes and few ticks: matplotlib spends its time on ticks and layout
         bottom, top = 0.5 / height, 1 - 0.35 / height
@@ -162,4 +163,8 @@ class LayerPainter:
         profile.set_ylim(len(layers) - 0.5, -0.5)
         profile.set_yticks([])
         profile.set_title(f"step {steps[-1]}", fontsize=9)
-        figure.savefig(path)
+        canvas = figure.canvas
+        canvas.draw()
+        from PIL import Image
+
+        return Image.frombuffer("RGBA", canvas.get_width_height(), canvas.buffer_rgba(), "raw", "RGBA", 0, 1).convert("RGB")

@@ -528,13 +528,11 @@ class MLflowBackend(Backend):
             return
         try:
             painter = LayerPainter()
-            from PIL import Image
         except ImportError:
             return  # the images are a convenience; the metrics and histogram files hold the data
         _probe(self.tracking_uri)  # not seconds of drawing for a server that is gone
         deadline = time.monotonic() + _IMAGE_BUDGET_S
         todo = sorted(self._layers.items(), key=lambda item: (str(item[0][0]), str(item[0][1]), item[0][2], item[0][3]))
-        path = os.path.join(self._tmp, "layers.png")
         for done, ((mode, worker, collection, stat), history) in enumerate(todo):
             if time.monotonic() > deadline:
                 warnings.warn(
@@ -549,11 +547,10 @@ class MLflowBackend(Backend):
                 canonical="-" not in collection,
             )
             steps, _ = history.grid()
-            painter.draw(history, f"{collection} {stat}, every layer ({mode})", "step" if mode == ModeKeys.TRAIN else f"{mode} step", path)
-            with Image.open(path) as image:
-                image.load()
-                _probe(self.tracking_uri)
-                self._client.log_image(self.run_id, image, key=key, step=int(steps[-1]), timestamp=self._last_timestamp)
+            xlabel = "step" if mode == ModeKeys.TRAIN else f"{mode} step"
+            image = painter.draw(history, f"{collection} {stat}, every layer ({mode})", xlabel)
+            _probe(self.tracking_uri)
+            self._client.log_image(self.run_id, image, key=key, step=int(steps[-1]), timestamp=self._last_timestamp)
 
 
 def _active_mlflow_run() -> Any:

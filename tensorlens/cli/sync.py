@@ -91,11 +91,14 @@ def _options(ctx: click.Context, param: click.Parameter, value: Sequence[str]) -
               help="an option of the backend (its replay_options; a string), repeatable")
 @click.option("--backend-module", multiple=True, metavar="MODULE", is_eager=True, expose_value=False,
               callback=_backend_modules, help=f"import MODULE first: it registers a backend (also ${BACKENDS_VARIABLE})")
+@click.option("--tracker-stats", default=None, metavar="CHOICE",
+              help="what the tracker receives: default, all, or statistic names like l2,histogram "
+                   "(default: $TENSORLENS_TRACKER_STATS, else default)")
 @click.option("--new-run", is_flag=True, help="forget an earlier sync to this destination and start a new tracker run")
 @click.option("--progress/--no-progress", default=True, help="a progress bar on a terminal")
 def command(run: str, to: str, project: str | None, entity: str | None, offline: bool | None, wandb_dir: str | None,
             tracking_uri: str | None, experiment: str | None, artifact_location: str | None, logdir: str | None,
-            options: dict[str, str], new_run: bool, progress: bool) -> None:
+            options: dict[str, str], tracker_stats: str | None, new_run: bool, progress: bool) -> None:
     """Replay the stored run RUN into a tracker (W&B, MLflow, TensorBoard or a backend of your
     own); again later, only new steps."""
     flags = {
@@ -110,7 +113,8 @@ def command(run: str, to: str, project: str | None, entity: str | None, offline:
     # one "Error: ..." line in the group; a SyncError (a tracker unreachable, a sync that stopped
     # midway, another sync running) is not one of the group's user errors, so it is made one here
     try:
-        result = sync_run(run, to, options={**given, **options}, new_run=new_run, progress=progress)
+        result = sync_run(run, to, options={**given, **options}, new_run=new_run, progress=progress,
+                          tracker_stats=_tracker_stats(tracker_stats))
     except SyncError as err:
         if os.environ.get("TENSORLENS_DEBUG", "") not in ("", "0"):
             raise
@@ -119,6 +123,16 @@ def command(run: str, to: str, project: str | None, entity: str | None, offline:
         click.echo(f"Terminated: {err}", err=True)
         raise click.exceptions.Exit(EXIT_TERMINATED) from None
     echo_lines(describe(run, result))
+
+
+def _tracker_stats(value: str | None) -> str | list[str] | None:
+    """``--tracker-stats``: ``default``, ``all``, or names separated by commas."""
+    if value is None or value.strip() in ("default", "all"):
+        return value.strip() if value else None
+    names = [part.strip() for part in value.split(",") if part.strip()]
+    if not names:
+        raise click.BadParameter(f"{value!r} is not default, all or statistic names", param_hint="'--tracker-stats'")
+    return names
 
 
 def describe(run: str, result: SyncResult) -> list[str]:

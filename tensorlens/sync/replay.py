@@ -30,11 +30,12 @@ import contextlib
 import dataclasses
 import os
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, RunInfo
+from tensorlens.backends.payload import check_tracker_stats
 from tensorlens.findings import Finding
 from tensorlens.store.errors import CorruptRunError
 from tensorlens.store.reader import Run, open_run
@@ -74,6 +75,7 @@ def sync_run(
     new_run: bool = False,
     progress: bool = True,
     checkpoint_every: int = 100,
+    tracker_stats: str | Sequence[str] | None = None,
     **backend_options: Any,
 ) -> SyncResult:
     """Replay the stored run at ``run`` into a tracker; continue where an earlier sync stopped.
@@ -95,6 +97,11 @@ def sync_run(
         new_run: forget an earlier sync to this destination and start a new tracker run.
         progress: show a progress bar (tqdm, when installed, on a terminal).
         checkpoint_every: records between two checkpoints (flush, then mark as sent).
+        tracker_stats: what the tracker receives of each record, as in a live run
+            (:mod:`tensorlens.backends.payload`: ``"default"``, ``"all"`` or statistic names);
+            ``None``: ``$TENSORLENS_TRACKER_STATS``, else ``"default"``. It applies to the records
+            sent from now on: a tracker run synced before keeps what it holds (``new_run=True``
+            sends everything again with the new choice).
 
     >>> result = sync_run("tensorlens_runs/exp1", "mlflow", tracking_uri="sqlite:///mlflow.db")  # doctest: +SKIP
     >>> result.records_sent, result.run_id                                                        # doctest: +SKIP
@@ -111,6 +118,7 @@ def sync_run(
         raise expected("progress", "a bool", progress)
     if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
         raise expected("checkpoint_every", "an integer >= 1", checkpoint_every)
+    tracker_stats = check_tracker_stats("tracker_stats", tracker_stats)
     if not isinstance(run, (str, os.PathLike)):
         raise expected("run", "a run folder", run)
     path = os.fspath(run)
@@ -132,7 +140,7 @@ def sync_run(
             SyncLock(location.folder, f"{location.name}\0{target.key}", what), _environment(target.environment()),
             stop_on_signals() as termination, SyncState(location.path, location.seeds) as state,
         ):
-            return _Replay(stored, state, target, path, checkpoint_every, progress, termination).run(new_run)
+            return _Replay(stored, state, target, path, checkpoint_every, progress, termination, tracker_stats).run(new_run)
 
 
 @contextlib.contextmanager
@@ -152,7 +160,7 @@ class _Replay:
 
     def __init__(
         self, stored: Run, state: SyncState, target: SyncTarget, path: str, checkpoint_every: int, progress: bool,
-        termination: Termination,
+        termination: Termination, tracker_stats: str | Sequence[str] | None = None,
     ) -> None:
         self.stored = stored
         self.state = state
@@ -161,6 +169,7 @@ class _Replay:
         self.checkpoint_every = checkpoint_every
         self.show_progress = progress
         self.termination = termination
+        self.tracker_stats = tracker_stats
 
     def run(self, new_run: bool) -> SyncResult:
         key = self.target.key
@@ -190,6 +199,7 @@ class _Replay:
         metadata = self.stored.metadata() if known is None or self.target.metadata_every_session else {}
         info = RunInfo(
             run_name, os.path.abspath(self.path), config=_config(self.stored), metadata=metadata,
+            tracker_stats=self.tracker_stats,
         )
         session = _Session(backend, self.state, target_state, self.state.progress(key))
         try:
