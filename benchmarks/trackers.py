@@ -87,7 +87,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         extra = {} if args.tracker_stats is None else {"tracker_stats": args.tracker_stats}
         hook = tl.watch(
             models["tensorlens"], activations=True, dynamics=True, save_interval=args.save_interval,
-            backends=["wandb", "mlflow", TensorBoardBackend(log_dir=os.path.join(folder, "tb"))],
+            backends=["local"] if args.local_only else [
+                "wandb", "mlflow", TensorBoardBackend(log_dir=os.path.join(folder, "tb"))],
             out_dir=os.path.join(folder, "store"), **extra,
         )
         step = 0
@@ -134,6 +135,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "layers": args.layers, "width": args.width, "batch": args.batch, "seq": args.seq,
             "save_interval": args.save_interval, "block": args.block, "rounds": args.rounds,
             "tracker_stats": args.tracker_stats or os.environ.get("TENSORLENS_TRACKER_STATS") or "default",
+            "tensorlens_backends": "local" if args.local_only else "local, wandb, mlflow, tensorboard",
         },
         "result": result,
         "target": {"ratio_mean_at_most": 1.2, "met": result["ratio_mean"] <= 1.2},
@@ -151,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4, help="blocks of each variant, alternating")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--tracker-stats", default=None, help='"default", "all" or names such as l2,histogram')
+    parser.add_argument("--local-only", action="store_true",
+                        help="tensorlens with the run store only: what its statistics cost before any tracker")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.block % args.save_interval:
@@ -163,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     r = report["result"]
     print(f"GPT-2 {args.layers}x{args.width}, W&B offline + MLflow (SQLite) + TensorBoard, activations and dynamics, "
-          f"saved every {args.save_interval} steps, tracker_stats={report['meta']['tracker_stats']}")
+          f"saved every {args.save_interval} steps, tracker_stats={report['meta']['tracker_stats']}, "
+          f"tensorlens backends: {report['meta']['tensorlens_backends']}")
     print(f"  baseline    mean {r['baseline_mean_ms']:8.1f} ms  median {r['baseline_median_ms']:8.1f} ms")
     print(f"  tensorlens  mean {r['tensorlens_mean_ms']:8.1f} ms  median {r['tensorlens_median_ms']:8.1f} ms")
     print(f"  ratio       mean {r['ratio_mean']:8.2f}     median {r['ratio_median']:8.2f}     (target <= 1.2)")

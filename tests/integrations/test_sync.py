@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 import tensorlens as tl
+from tensorlens.backends.keys import histogram_key, tracker_key
 from tensorlens.engine.metadata import flatten
 from tensorlens.store.schema import SCHEMA_VERSION
 from tensorlens.sync import SyncError, sync_run
@@ -48,6 +49,8 @@ SAVE_INTERVAL = 2
 def _offline(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
+    # a sync must equal the live run and send every stored statistic: the whole payload
+    monkeypatch.setenv("TENSORLENS_TRACKER_STATS", "all")
     yield
     if wandb.run is not None:
         wandb.finish()
@@ -94,10 +97,11 @@ def wandb_points(run_file: RunFile) -> dict[tuple[str, int, int | None], Any]:
         if "tensorlens/step" not in row:
             continue
         for key, value in row.items():
-            if not key.startswith("tensorlens/") or key.endswith("/step") or key.endswith("_table"):
+            if not key.startswith("tensorlens") or key.endswith("/step") or key.endswith("_table"):
                 continue
-            mode = key.split("/")[1] if key.split("/")[1] in ("eval", "predict", "global") else None
-            point = (key, row["tensorlens/step"], row.get(f"tensorlens/{mode}/step") if mode else None)
+            section = key.split("/")[0].split("-")  # tensorlens.backends.keys: tensorlens-<mode>-<collection>
+            mode = section[1] if len(section) > 1 and section[1] in ("eval", "predict", "global", "epoch") else None
+            point = (key, row["tensorlens/step"], row.get(f"tensorlens-{mode}/step") if mode else None)
             assert point not in points, f"{point} logged twice"
             points[point] = value
     return points
@@ -159,12 +163,11 @@ def test_wandb_sync_equals_the_live_run(tmp_path: Any) -> None:
     assert all(same(synced_points[k], live_points[k]) for k in live_points)
     # every statistic of every stored record is there (histograms as exact bins)
     for record in records:
-        base = "tensorlens" if record.mode == tl.ModeKeys.TRAIN else f"tensorlens/{record.mode}"
         mode_step = record.mode_step if record.mode != tl.ModeKeys.TRAIN else None
         for entry in record.scalars:
-            assert same(synced_points[(f"{base}/{entry.key}", record.step, mode_step)], entry.value)
+            assert same(synced_points[(tracker_key("tensorlens", record.mode, None, entry.key), record.step, mode_step)], entry.value)
         for h in record.histograms:
-            logged = synced_points[(f"{base}/{h.tensor}/histogram", record.step, mode_step)]
+            logged = synced_points[(histogram_key("tensorlens", record.mode, None, h.tensor), record.step, mode_step)]
             assert logged["values"] == h.counts.tolist() and logged["bins"] == h.edges.tolist()
     # the custom charts too, built from the same records
     assert wandb_tables(synced_file) == wandb_tables(live_file) != {}
@@ -200,14 +203,14 @@ def test_wandb_sync_again_sends_only_new_steps_and_charts_continue(tmp_path: Any
     with tl.open_run(run_dir) as stored:
         merged = {**points[0], **points[1]}
         for record in stored.records():
-            base = "tensorlens" if record.mode == tl.ModeKeys.TRAIN else f"tensorlens/{record.mode}"
             mode_step = record.mode_step if record.mode != tl.ModeKeys.TRAIN else None
             for entry in record.scalars:
-                assert same(merged.pop((f"{base}/{entry.key}", record.step, mode_step)), entry.value)
+                assert same(merged.pop((tracker_key("tensorlens", record.mode, None, entry.key), record.step, mode_step)), entry.value)
         train_steps = stored.steps("train")
-    assert all(key.endswith("/histogram") for key, _, _ in merged)  # nothing else was sent
+    # nothing else was sent (but the derived global count of NaN/Inf, tensorlens.backends.payload)
+    assert all(key.endswith(("/histogram", "/nonfinite_count")) for key, _, _ in merged)
     # the profile chart of the last session covers the whole run, not only its own steps
-    profile = wandb_tables(files[1])["tensorlens/profile/gradients/l2_table"]
+    profile = wandb_tables(files[1])["tensorlens-gradients/per-layer/l2_table"]
     assert sorted({row[0] for row in profile["data"]}) == train_steps
     # each session's folder carries the metadata (each is uploaded on its own)
     assert all(f.config["tensorlens"]["model"]["parameters"] == 50 for f in files)
@@ -243,11 +246,11 @@ def test_tensorboard_sync_equals_the_live_run_and_never_duplicates(tmp_path: Any
         expected = Counter()
         for record in stored.records():
             step = record.step if record.mode == tl.ModeKeys.TRAIN else record.mode_step
-            base = "tensorlens" if record.mode == tl.ModeKeys.TRAIN else f"tensorlens/{record.mode}"
             for entry in record.scalars:
-                expected[(f"{base}/{entry.key}", step)] += 1
-                assert scalars[(f"{base}/{entry.key}", step)] == [pytest.approx(np.float32(entry.value), nan_ok=True)]
-    assert Counter({k: len(v) for k, v in scalars.items()}) == expected
+                expected[(tracker_key("tensorlens", record.mode, None, entry.key), step)] += 1
+                assert scalars[(tracker_key("tensorlens", record.mode, None, entry.key), step)] == [pytest.approx(np.float32(entry.value), nan_ok=True)]
+    derived = {k for k in scalars if k[0].endswith("/nonfinite_count")}  # the payload's global count of NaN/Inf
+    assert Counter({k: len(v) for k, v in scalars.items() if k not in derived}) == expected
     assert len(events.Tensors("tensorlens/metadata/text_summary")) == 1  # sent with the new run only
 
 
@@ -275,7 +278,8 @@ def test_every_worker_file_is_replayed(tmp_path: Any) -> None:
     scalars, _, _ = tb_events(the_one_folder(str(tmp_path / "tb")))
     key = "gradients/0.weight/l2"
     for step in (0, 2):
-        own, other = scalars[(f"tensorlens/{key}", step)][0], scalars[(f"tensorlens/worker_1/{key}", step)][0]
+        own, other = (scalars[(tracker_key("tensorlens", "train", None, key), step)][0],
+                      scalars[(tracker_key("tensorlens", "train", "worker_1", key), step)][0])
         assert other == pytest.approx(2 * own)
     with SyncState(state_path(run_dir)) as state:
         assert state.progress(result.target) == {
