@@ -33,13 +33,14 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.x[i], "labels": self.x[i]}
 
 
-def train(tmp_path: Any, callback: TensorLensCallback, run_name: str | None, logging_steps: int = 1) -> Trainer:
+def train(tmp_path: Any, callback: TensorLensCallback, run_name: str | None, logging_steps: int = 1,
+          report_to: Any = "none") -> Trainer:
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=VOCAB, n_positions=SEQ))
     args = TrainingArguments(
         output_dir=str(tmp_path / "out"), run_name=run_name, per_device_train_batch_size=4, max_steps=4,
         eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=4, logging_steps=logging_steps,
-        learning_rate=1e-3, report_to="none", use_cpu=True, save_strategy="no", disable_tqdm=True, seed=0,
+        learning_rate=1e-3, report_to=report_to, use_cpu=True, save_strategy="no", disable_tqdm=True, seed=0,
     )
     trainer = Trainer(model=model, args=args, train_dataset=Tokens(16, 1), eval_dataset=Tokens(8, 2), callbacks=[callback])
     trainer.train()
@@ -82,3 +83,49 @@ def test_losses_only_on_the_steps_the_trainer_logs_and_an_explicit_name_wins(tmp
     # every evaluation's loss, although save_interval=2 saves neither's last batch (eval steps 1, 3)
     logged_eval = [e["eval_loss"] for e in trainer.state.log_history if "eval_loss" in e]
     assert run.tensor("losses/loss").values(mode="eval") == pytest.approx(dict(zip([1, 3], logged_eval, strict=True)), rel=1e-12)
+
+
+def test_report_to_wandb_and_mlflow_the_ids_in_the_metadata(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    wandb = pytest.importorskip("wandb")
+    mlflow = pytest.importorskip("mlflow")
+    import sys
+
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, here)
+    try:
+        from wandb_runfile import read_run_dir
+    finally:
+        sys.path.remove(here)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "tensorlens-hf-names")
+    previous = tracking_utils._tracking_uri
+    mlflow.set_tracking_uri(uri)  # the MLflowCallback keeps a URI set earlier in the process
+    mlflow.MlflowClient(uri).create_experiment("tensorlens-hf-names", artifact_location=(tmp_path / "artifacts").as_uri())
+    wandb.init(dir=str(tmp_path), project="tensorlens-hf-names")  # the run WandbCallback finds (WANDB_DIR is read once)
+    try:
+        callback = TensorLensCallback(save_interval=1)
+        trainer = train(tmp_path, callback, "tiny-gpt", report_to=["wandb", "mlflow"])
+        wandb_id = wandb.run.id
+    finally:
+        wandb.finish()
+        mlflow.set_tracking_uri(previous)
+
+    assert callback.recorder.run_name == "tiny-gpt"  # TrainingArguments.run_name, as MLflow's run is named
+    client = mlflow.MlflowClient(uri)
+    [mlflow_run] = client.search_runs([client.get_experiment_by_name("tensorlens-hf-names").experiment_id])
+    assert mlflow_run.info.run_name == "tiny-gpt"
+    run = tl.open_run(callback.run_dir)
+    trackers = run.metadata()["trackers"]
+    assert trackers["mlflow"] == {"run_name": "tiny-gpt", "run_id": mlflow_run.info.run_id}
+    assert trackers["wandb"]["run_id"] == wandb_id
+    # the stored loss is what both trackers got, at the same steps
+    stored = run.tensor("losses/loss").values()
+    assert stored == pytest.approx(read_run_dir(str(tmp_path)).series("train/loss", "train/global_step"), rel=1e-12)
+    assert stored == pytest.approx({m.step: m.value for m in client.get_metric_history(mlflow_run.info.run_id, "loss")}, rel=1e-12)
+    assert sorted(stored) == [1, 2, 3, 4] and trainer.state.global_step == 4
