@@ -16,8 +16,9 @@ from tensorlens.cli.table import echo
 @click.option("--title", default=None, help="Page title (default: the run name).")
 def command(run: str, output: str, worker: str | None, title: str | None) -> None:
     """Write the module explorer of RUN: the model's module tree (fold, unfold, search by name;
-    hover for shapes and extra_repr), and for each module its tensors' latest statistics, a
-    series over steps and histograms. One self-contained HTML file."""
+    hover for shapes and extra_repr), modules with findings of the default rules marked, and for
+    each module its findings, its tensors' latest statistics, a series over steps and histograms.
+    One self-contained HTML file."""
     from tensorlens.reports.data import LoadOptions, check_run_folder
     from tensorlens.reports.explorer import build_explorer
     from tensorlens.store.reader import open_run

@@ -21,8 +21,10 @@ from tensorlens.cli.table import echo
 def command(runs: tuple[str, ...], output: str, stat: str, histogram_axis: str, worker: str | None,
             title: str | None) -> None:
     """Write one self-contained HTML report of RUNS (several runs are overlaid, one colour each):
-    gradient norm and losses, layers over steps, NaN/Inf counts, histograms over steps. It opens
-    offline in any browser: every script and all data are inside the file."""
+    each run's health (the default rules evaluated on the store, the first NaN/Inf, dead layers,
+    update ratios), what differs between the runs (ranked as tensorlens compare ranks it), gradient
+    norm and losses, layers over steps on one colour scale, NaN/Inf counts, histograms over steps.
+    It opens offline in any browser: every script and all data are inside the file."""
     from tensorlens.reports.data import LoadOptions, check_run_folder
     from tensorlens.reports.report import build_report
     from tensorlens.reports.sections import ReportOptions
