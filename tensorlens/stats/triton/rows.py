@@ -164,6 +164,8 @@ class TritonRows:
         self.count = to_device(count, torch.int64, device)
         mask = [[name in columns[i] or name in registry.ALWAYS_COMPUTED for name in PARTIALS] for i in range(self.k)]
         self.unrequested = ~to_device(mask, torch.bool, device) if self.k else None
+        self._addresses: np.ndarray | None = None
+        self._table: torch.Tensor | None = None
         self._value_bytes = sum(
             n * torch.empty((), dtype=d).element_size() for n, d in zip(numels, dtypes, strict=True)
         )
@@ -191,7 +193,11 @@ class TritonRows:
         if not self.k:
             return rows
         kernels = _kernels()
-        table = _pointer_table(self.addresses(values), self.device)
+        addresses = self.addresses(values)
+        if self._table is None or not np.array_equal(addresses, self._addresses):
+            # parameters and their gradients usually stay where they are: their table is copied once
+            self._addresses, self._table = addresses, _pointer_table(addresses, self.device)
+        table = self._table
         with _quiet():
             self._launch(kernels, table, rows)
         return rows.masked_fill_(self.unrequested, math.nan)
