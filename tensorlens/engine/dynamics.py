@@ -289,6 +289,8 @@ class Dynamics:
         if math.isfinite(float(host.derived_values[at])):
             return
         rows = [i for i, p in enumerate(state.params) if p.grad is not None]
+        if not rows:  # set to None before the step closed (the HF Trainer zeroes them first): left uncounted (NaN)
+            return
         grads = [state.piece(state.params[i].grad)[0] for i in rows]
         counts = derived.nonfinite_counts(grads).to(grads[0].device).reshape(-1, 1)
         if reducer is not None and any(state.sharded):
