@@ -157,7 +157,9 @@ def departures(
         with np.errstate(all="ignore"):
             distance = np.abs(usable[i:] - median) / scale
         distance = np.where(broken[i:] | (collapsed[i:] & known), np.inf, distance)
-        distance = np.where(kinds == COUNT, np.where(values[i:] > 0, np.inf, 0.0), distance)
+        # a count: any NaN/Inf is away; a NaN count (left uncounted, the norm was not finite) too
+        counted = (values[i:] > 0) | (np.isnan(values[i:]) & present[i:])
+        distance = np.where(kinds == COUNT, np.where(counted, np.inf, 0.0), distance)
         has_behaviour = known | (kinds == COUNT)
         starts = present[i] & (broken[i] | (has_behaviour & (distance[0] >= threshold)))
         stays = np.all((distance[1:] >= threshold / 2) | ~present[i + 1 :], axis=0)  # NaN distance: not away

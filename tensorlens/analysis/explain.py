@@ -216,7 +216,7 @@ class _EventWatch:
                 return Event(step, "non-finite", tensor, "", float(values[i]), f"the loss {tensor} is {values[i]}")
         if plan.count_at.size:
             counts = values[plan.count_at]
-            bad = np.flatnonzero(counts > 0)
+            bad = np.flatnonzero((counts > 0) | np.isnan(counts))  # NaN: uncounted, the norm was not finite
             if bad.size:
                 _, tensor, stat = plan.counts[int(bad[0])]
                 return Event(
