@@ -113,6 +113,15 @@ def test_wandb_logger_names_the_run_and_the_losses_match_wandb(tmp_path: Any, mo
     stored_val = {eval_records[mode_step]: value for mode_step, value in run.tensor("losses/loss").values(mode="eval").items()}
     assert stored_val == pytest.approx(logged_val, rel=1e-6)
 
+    # the readers of losses have something to read: the loss rules are evaluated, the report
+    # plots the loss instead of saying none was recorded
+    import tensorlens.rules as R
+
+    assert not [str(n) for n in R.evaluate(run).not_evaluated if "Loss" in str(n)]
+    tl.report(run_dirs[0], path=str(tmp_path / "report.html"))
+    text = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert "losses/loss" in text and "No loss" not in text
+
 
 def test_mlflow_logger_names_the_run_and_the_losses_match_mlflow(tmp_path: Any) -> None:
     pytest.importorskip("mlflow")

@@ -64,6 +64,9 @@ def test_the_logged_loss_at_the_trainers_steps_and_the_run_named_after_run_name(
     assert sorted(stored_eval) == [1, 3]
     assert {eval_steps[s]: v for s, v in stored_eval.items()} == pytest.approx(logged_eval, rel=1e-12)
     assert run.metadata()["trackers"] == {}  # report_to none: no tracker run
+    import tensorlens.rules as R
+
+    assert not [str(n) for n in R.evaluate(run).not_evaluated if "Loss" in str(n)]  # the loss rules have a loss
 
     # a second run of the same name goes to its own folder
     second = TensorLensCallback(save_interval=1)
