@@ -1,5 +1,6 @@
 """Run comparison and the Trial API live in tensorlens.analysis, apart from the rules: the rules
-never import analysis (both compare records through tensorlens.record_diff), and every name the
+never import analysis at import time (both compare records through tensorlens.record_diff; the
+one use, offline evaluate's causes from tl.explain, is imported inside it), and every name the
 rules package documented stays reachable there, whichever package a program imports first."""
 
 from __future__ import annotations
@@ -32,10 +33,32 @@ def _imports(path: str) -> set[str]:
     return found
 
 
+#: The one use of analysis by the rules, imported inside the function that needs it (never at
+#: import time, so neither package needs the other loaded first): offline ``evaluate`` hands its
+#: findings to ``tl.explain``'s ``attach_causes`` (what moved first before a NaN or a spike).
+ALLOWED_INSIDE_FUNCTIONS = {"offline.py": {"tensorlens.analysis.explain", "tensorlens.analysis.explain.attach_causes"}}
+
+
+def _function_imports(path: str) -> set[str]:
+    """The modules imported inside function bodies of ``path``."""
+    found: set[str] = set()
+    for function in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(function):
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    found.add(node.module)
+                    found.update(f"{node.module}.{alias.name}" for alias in node.names)
+                elif isinstance(node, ast.Import):
+                    found.update(alias.name for alias in node.names)
+    return found
+
+
 @pytest.mark.parametrize("name", sorted(f for f in os.listdir(RULES) if f.endswith(".py")))
 def test_no_rules_module_imports_analysis(name: str) -> None:
-    imported = {m for m in _imports(os.path.join(RULES, name)) if m == "tensorlens.analysis" or m.startswith("tensorlens.analysis.")}
-    assert not imported, f"tensorlens/rules/{name} imports {sorted(imported)}"
+    path = os.path.join(RULES, name)
+    imported = {m for m in _imports(path) if m == "tensorlens.analysis" or m.startswith("tensorlens.analysis.")}
+    allowed = ALLOWED_INSIDE_FUNCTIONS.get(name, set()) & _function_imports(path)
+    assert not imported - allowed, f"tensorlens/rules/{name} imports {sorted(imported - allowed)}"
 
 
 @pytest.mark.parametrize("name", MOVED)
