@@ -280,7 +280,9 @@ def sync_check(base: torch.nn.Module, device: torch.device, seq: int, vocab: int
 
 
 def overhead(base: torch.nn.Module, device: torch.device, seq: int, vocab: int, batch: int, paths: list[str],
-             budget_s: float, block: int, warmup: int, tmp: str, min_rounds: int) -> dict[str, Any]:
+             budget_s: float, block: int, warmup: int, tmp: str, min_rounds: int,
+             on_round: Any = None) -> dict[str, Any]:
+    """The interleaved rounds; ``on_round(summary)`` after each (a run stopped halfway keeps them)."""
     specs = [("baseline", None, None), ("baseline_control", None, None)]
     specs += [(f"weights_grads[{p}]", PARAMETERS, p) for p in paths]
     specs += [(f"full[{p}]", FULL, p) for p in paths]
@@ -308,15 +310,21 @@ def overhead(base: torch.nn.Module, device: torch.device, seq: int, vocab: int, 
             times[v.name] = (time.perf_counter() - t0) / block
         per_round.append(times)
         rounds += 1
+        if on_round is not None:
+            on_round(_summary(per_round, [v.name for v in variants], block, batch, seq))
     for v in variants:
         v.close()
-    result: dict[str, Any] = {"rounds": rounds, "block": block, "batch": batch, "seq": seq, "variants": {}}
-    for v in variants:
-        ratios = [r[v.name] / r["baseline"] for r in per_round]
+    return _summary(per_round, [v.name for v in variants], block, batch, seq)
+
+
+def _summary(per_round: list[dict[str, float]], names: list[str], block: int, batch: int, seq: int) -> dict[str, Any]:
+    result: dict[str, Any] = {"rounds": len(per_round), "block": block, "batch": batch, "seq": seq, "variants": {}}
+    for name in names:
+        ratios = [r[name] / r["baseline"] for r in per_round]
         quartiles = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
-        result["variants"][v.name] = {
+        result["variants"][name] = {
             "median_ratio": statistics.median(ratios), "mean_ratio": statistics.fmean(ratios),
-            "round_iqr": [quartiles[0], quartiles[2]], "median_step_ms": 1000 * statistics.median(r[v.name] for r in per_round),
+            "round_iqr": [quartiles[0], quartiles[2]], "median_step_ms": 1000 * statistics.median(r[name] for r in per_round),
         }
     return result
 
@@ -390,6 +398,10 @@ def main(argv: list[str] | None = None) -> int:
         save()
         print(f"{part} ({results[f'{part}_s']:.0f} s): {json.dumps(results[part], default=str)[:1500]}", flush=True)
 
+    def partial(summary: dict[str, Any]) -> None:
+        results["overhead"] = {**summary, "partial": True}
+        save()
+
     with tempfile.TemporaryDirectory(prefix="tensorlens-gpu-") as tmp:
         run_part("exactness", lambda: exactness(device, paths))
         base = gpt2(device, args.dry_run)
@@ -401,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         run_part("syncs", lambda: sync_check(base, device, seq, vocab, batch, paths, tmp))
         run_part("overhead", lambda: overhead(base, device, seq, vocab, batch, paths, 2.0 if args.dry_run else args.budget_s,
                                               1 if args.dry_run else args.block, 1 if args.dry_run else args.warmup, tmp,
-                                              1 if args.dry_run else args.min_rounds))
+                                              1 if args.dry_run else args.min_rounds, on_round=partial))
     print("\n".join(table(results)))
     return 0
 
