@@ -12,17 +12,24 @@ by the collections and panel statistics, not by the tensors or the steps.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import os
+import time
+import warnings
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from tensorlens.backends.base import RunInfo
+from tensorlens.backends.keys import PRIMARY_WORKERS
 from tensorlens.backends.payload import LayerPanel
 from tensorlens.modes import ModeKeys
 from tensorlens.records import HistogramEntry, StepRecord
 from tensorlens.stats.views import StrideThinner
 
+# close() draws the per-layer images for at most this long (the dispatcher waits for a backend's
+# close() until its close timeout, 60 s by default); a dozen images take a few seconds
+IMAGE_BUDGET_S = 30.0
 # A layer image keeps at most this many saved steps (every other one is dropped when full).
 MAX_IMAGE_STEPS = 256
 # Statistics drawn on a linear colour scale (fractions); every other one (norms, ratios) on log10.
@@ -113,6 +120,56 @@ class LayerHistory:
         return [step for step, _, _ in columns], grid
 
 
+class LayerImages:
+    """The per-layer panels of a run, one :class:`LayerHistory` per mode, worker, collection and
+    statistic, and their upload at ``close()``."""
+
+    def __init__(self) -> None:
+        self.histories: dict[tuple[ModeKeys, str | None, str, str], LayerHistory] = {}
+
+    def __len__(self) -> int:
+        return len(self.histories)
+
+    def clear(self) -> None:
+        self.histories.clear()
+
+    def add(self, record: StepRecord, panels: Sequence[LayerPanel]) -> None:
+        worker = record.worker if record.worker not in PRIMARY_WORKERS else None
+        for panel in panels:
+            where = (record.mode, worker, panel.collection, panel.stat)
+            history = self.histories.get(where)
+            if history is None:
+                history = self.histories[where] = LayerHistory(panel.collection, panel.stat)
+            # mode steps on the x axis: every eval step of one evaluation shares its global step
+            history.add(record.mode_step, panel)
+
+    def upload(
+        self, client: Any, run_id: str, key_of: Callable[[str, str, ModeKeys, str | None], str], timestamp: int,
+        probe: Callable[[], None],
+    ) -> None:
+        """Draw each image and ``log_image`` it under ``key_of(collection, stat, mode, worker)`` at
+        its last mode step, for at most :data:`IMAGE_BUDGET_S` seconds (then one warning)."""
+        try:
+            painter = LayerPainter()
+        except ImportError:
+            return  # the images are a convenience; the metrics and histogram files hold the data
+        deadline = time.monotonic() + IMAGE_BUDGET_S
+        todo = sorted(self.histories.items(), key=lambda item: (str(item[0][0]), str(item[0][1]), item[0][2], item[0][3]))
+        for done, ((mode, worker, collection, stat), history) in enumerate(todo):
+            if time.monotonic() > deadline:
+                warnings.warn(
+                    f"tensorlens: MLflowBackend drew {done} of {len(todo)} per-layer images in {IMAGE_BUDGET_S:.0f} s "
+                    "and skipped the rest so that close() ends in time; the metrics hold the values",
+                    stacklevel=3,
+                )
+                return
+            steps, _ = history.grid()
+            xlabel = "step" if mode == ModeKeys.TRAIN else f"{mode} step"
+            image = painter.draw(history, f"{collection} {stat}, every layer ({mode})", xlabel)
+            probe()
+            client.log_image(run_id, image, key=key_of(collection, stat, mode, worker), step=int(steps[-1]), timestamp=timestamp)
+
+
 class LayerPainter:
     """Draws :class:`LayerHistory` images into one reused figure (no pyplot, no global state:
     safe off the main thread): the statistic of every layer over steps as a heatmap, and its
@@ -152,16 +209,21 @@ class LayerPainter:
         heat.set_xticks(ticks, [str(steps[i]) for i in ticks])
         heat.set_xlabel(xlabel)
         heat.set_title(title, fontsize=9)
-        label_every = max(1, -(-len(layers) // 40))  # at most 40 layer names: readable on deep models
-        heat.set_yticks(range(0, len(layers), label_every), layers[::label_every], fontsize=6)
-        last = grid[:, -1]
-        positive = np.isfinite(last) & (last > 0)
-        profile.barh(np.arange(len(layers)), np.where(np.isfinite(last), last, 0.0), height=0.8, color="#4c72b0")
-        if not linear and positive.any():
-            profile.set_xscale("log")
-            profile.set_xlim(float(last[positive].min()) / 2, float(last[positive].max()) * 2)
+        # at most 24 layer names, without the prefix all share ("transformer."): readable on deep
+        # models, and text is most of what drawing costs
+        label_every = max(1, -(-len(layers) // 24))
+        shared = os.path.commonprefix(layers).rpartition(".")[0] if len(layers) > 1 else ""
+        labels = [layer[len(shared) + 1 :] if shared else layer for layer in layers[::label_every]]
+        heat.set_yticks(range(0, len(layers), label_every), labels, fontsize=7)
+        if shared:
+            heat.set_ylabel(f"{shared}.", fontsize=8)
+        # the profile at the last step, on the heatmap's scale (a line: far cheaper to draw than bars)
+        last = shown[:, -1]
+        profile.plot(last, np.arange(len(layers)), marker="o", markersize=2.5, linewidth=1, color="#4c72b0")
         profile.set_ylim(len(layers) - 0.5, -0.5)
         profile.set_yticks([])
+        profile.set_xlabel(history.stat if linear else f"log10 {history.stat}", fontsize=8)
+        profile.grid(True, axis="x", linewidth=0.5, alpha=0.5)
         profile.set_title(f"step {steps[-1]}", fontsize=9)
         canvas = figure.canvas
         canvas.draw()

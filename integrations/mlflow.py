@@ -15,8 +15,9 @@ names), under the keys of :mod:`tensorlens.backends.keys`:
   steps holding every tensor (``tensorlens/histograms/<mode>/histograms-<first mode step>.json``);
 - at ``close()``, one image per collection and statistic of the payload's per-layer panels (the
   statistic of every layer over the steps, and its profile at the last step), logged with
-  ``log_image`` under the panel's key (``tensorlens-gradients/per-layer/l2``) so that the "Model
-  metrics" tab shows it in the collection's group, when matplotlib is installed;
+  ``log_image`` under ``tensorlens/per-layer/<collection>/<stat>`` so that the "Model metrics" tab
+  shows it in a group of the collection's images, right after the global dynamics, when
+  matplotlib is installed;
 - rule findings (:mod:`tensorlens.rules`): the tag ``tensorlens.rules.<rule>`` with the latest
   message and the metric ``tensorlens/rules/<rule>``, the count of the rule's findings so far,
   at each finding's step.
@@ -39,19 +40,18 @@ import shutil
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, RunInfo
-from tensorlens.backends.keys import PRIMARY_WORKERS, global_key, key_parts, panel_key, split_key, tracker_key
+from tensorlens.backends.keys import PER_LAYER, PRIMARY_WORKERS, global_key, key_parts, split_key, tracker_key
 from tensorlens.backends.optional import import_optional, is_lightning_logger
 from tensorlens.backends.payload import LayerPanel, check_tracker_stats
 from tensorlens.engine.metadata import flatten
 from tensorlens.findings import Finding
 from tensorlens.integrations import _mlflow_replay
-from tensorlens.integrations._mlflow_artifacts import HistogramChunk, LayerHistory, LayerPainter
+from tensorlens.integrations._mlflow_artifacts import HistogramChunk, LayerImages
 from tensorlens.integrations._mlflow_keys import (
     MAX_KEY_LENGTH,
     MODE_NAMES,
@@ -93,9 +93,6 @@ MAX_PARAM_LENGTH = 6000
 # Async mode: wait for the oldest batches once this many are in flight, so memory stays bounded
 # and failures surface while training runs instead of only at close().
 _MAX_PENDING_ASYNC = 32
-# close() draws the per-layer images for at most this long (the dispatcher waits for a backend's
-# close() until its close timeout, 60 s by default); a dozen images take a few seconds
-_IMAGE_BUDGET_S = 30.0
 
 
 def _import_mlflow() -> Any:
@@ -197,7 +194,7 @@ class MLflowBackend(Backend):
         self._run: RunInfo | None = None
         self._pending: list[Any] = []  # RunOperations of asynchronous log_batch calls
         self._chunks: dict[ModeKeys, HistogramChunk] = {}
-        self._layers: dict[tuple[ModeKeys, str | None, str, str], LayerHistory] = {}
+        self._layers = LayerImages()
         # (mode, worker, record key) -> MLflow key: the payload names series by record key, and a
         # key is mapped once per run
         self._metric_keys: dict[tuple[ModeKeys, str | None, str, int], str] = {}
@@ -510,47 +507,33 @@ class MLflowBackend(Backend):
     # -- per-layer images
 
     def _add_panels(self, record: StepRecord, panels: tuple[LayerPanel, ...]) -> None:
-        if not self.heatmaps:
-            return
-        for panel in panels:
-            where = (record.mode, record.worker if record.worker not in PRIMARY_WORKERS else None, panel.collection, panel.stat)
-            history = self._layers.get(where)
-            if history is None:
-                history = self._layers[where] = LayerHistory(panel.collection, panel.stat)
-            # mode steps on the x axis: every eval step of one evaluation shares its global step
-            history.add(record.mode_step, panel)
+        if self.heatmaps:
+            self._layers.add(record, panels)
+
+    def image_key(self, collection: str, stat: str, mode: ModeKeys | str = ModeKeys.TRAIN, worker: str | None = None) -> str:
+        """The ``log_image`` key of a per-layer image: ``<prefix>/per-layer/<collection>/<stat>``.
+
+        In the global section, not the collection's (``tensorlens-gradients/per-layer/l2`` in W&B
+        and TensorBoard): MLflow groups charts by everything before the last ``/`` and sorts the
+        groups by name, and ``tensorlens/per-layer/...`` comes right after the global dynamics
+        (``tensorlens/dynamics/global``), where ``tensorlens-...`` would come before them. A
+        statistic holding ``/`` (``sample_norm/mean``) is written with ``_``: one group per collection.
+
+        >>> backend.image_key("gradients", "l2")  # doctest: +SKIP
+        'tensorlens/per-layer/gradients/l2'
+        """
+        mode = ModeKeys.coerce(mode)
+        return self.keys(
+            global_key(self.prefix, mode, worker, f"{PER_LAYER}/{collection}/{stat.replace('/', '_')}"),
+            identity=json.dumps([self.prefix, str(mode), worker, "\x00panel", collection, stat]),
+            canonical="/" not in collection and all(part in MODE_NAMES or WORKER_INFIX.match(part) for part in key_parts("", mode, worker)),
+        )
 
     def _upload_layer_images(self) -> None:
-        """One image per collection and statistic (and mode), logged with ``log_image`` under the
-        panel's key at the last mode step: MLflow's "Model metrics" tab shows it in the group of
-        the collection's keys."""
-        if not self._layers or self._client is None or self._tmp is None:
+        if self._client is None or not self._layers:
             return
-        try:
-            painter = LayerPainter()
-        except ImportError:
-            return  # the images are a convenience; the metrics and histogram files hold the data
         _probe(self.tracking_uri)  # not seconds of drawing for a server that is gone
-        deadline = time.monotonic() + _IMAGE_BUDGET_S
-        todo = sorted(self._layers.items(), key=lambda item: (str(item[0][0]), str(item[0][1]), item[0][2], item[0][3]))
-        for done, ((mode, worker, collection, stat), history) in enumerate(todo):
-            if time.monotonic() > deadline:
-                warnings.warn(
-                    f"tensorlens: MLflowBackend drew {done} of {len(todo)} per-layer images in {_IMAGE_BUDGET_S:.0f} s "
-                    "and skipped the rest so that close() ends in time; the metrics hold the values",
-                    stacklevel=2,
-                )
-                break
-            key = self.keys(
-                panel_key(self.prefix, mode, worker, collection, stat),
-                identity=json.dumps([self.prefix, str(mode), worker, "\x00panel", collection, stat]),
-                canonical="-" not in collection,
-            )
-            steps, _ = history.grid()
-            xlabel = "step" if mode == ModeKeys.TRAIN else f"{mode} step"
-            image = painter.draw(history, f"{collection} {stat}, every layer ({mode})", xlabel)
-            _probe(self.tracking_uri)
-            self._client.log_image(self.run_id, image, key=key, step=int(steps[-1]), timestamp=self._last_timestamp)
+        self._layers.upload(self._client, self.run_id, self.image_key, self._last_timestamp, lambda: _probe(self.tracking_uri))
 
 
 def _active_mlflow_run() -> Any:

@@ -39,7 +39,7 @@ mlflow = pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
 from mlflow.utils.validation import _validate_metric_name  # noqa: E402
 
-from tensorlens.backends.keys import panel_key  # noqa: E402
+from tensorlens.backends.keys import global_key  # noqa: E402
 from tensorlens.backends.payload import layer_panels  # noqa: E402
 from tensorlens.integrations.mlflow import (  # noqa: E402
     MAX_KEY_LENGTH,
@@ -315,7 +315,10 @@ def _assert_artifacts(client: MlflowClient, run_id: str, hook: tl.Hook, every: i
     panels = set()
     with tl.open_run(hook.run_dir) as run:
         for record in run.records():
-            panels |= {panel_key("tensorlens", record.mode, None, p.collection, p.stat) for p in layer_panels(record)}
+            panels |= {
+                global_key("tensorlens", record.mode, None, f"per-layer/{p.collection}/{p.stat.replace('/', '_')}")
+                for p in layer_panels(record)
+            }
     images = sorted(f for f in files if f.startswith("images/") and f.endswith(".png"))
     if not heatmaps:
         panels = set()
@@ -681,7 +684,7 @@ def test_server_with_active_run_and_auto_backends(mlflow_server: str, tmp_path: 
     assert _assert_matches_local_store(client, active.info.run_id, hook, backend) > 500
     files = _artifacts(client, active.info.run_id)
     assert any(f.startswith("tensorlens/histograms/train/") for f in files)
-    assert any(f.startswith("images/tensorlens-weights~per-layer~l2+") for f in files)
+    assert any(f.startswith("images/tensorlens~per-layer~weights~l2+") for f in files)
 
 
 def test_server_asynchronous_through_a_client(mlflow_server: str, tmp_path: Path) -> None:
@@ -828,14 +831,14 @@ def test_a_tracker_killed_mid_run_costs_close_nothing_and_every_record_is_counte
     process, uri = own_server
     client = MlflowClient(uri)
     run_id = _new_run(client, tmp_path)
-    backend = MLflowBackend(tracking_uri=uri, run_id=run_id, histogram_every=3)
+    backend = MLflowBackend(tracking_uri=uri, run_id=run_id, histogram_every=3, tracker_stats="all")
     model = Tiny()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         hook = tl.watch(model, save_interval=1, activations=True, backends=[backend], out_dir=tmp_path / "run")
         _train_steps(hook, model, 4)
         assert hook.flush() is True
-        before = client.get_metric_history(run_id, "tensorlens/gradients/fc1.weight/l2")
+        before = client.get_metric_history(run_id, "tensorlens-gradients/fc1.weight/l2")
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=30)
         assert _refuses(uri)
