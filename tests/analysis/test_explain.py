@@ -332,3 +332,19 @@ def test_attach_causes_explains_each_episode_once_at_its_first_step(runs) -> Non
         assert finding.message.endswith(f"; {first}"), finding.message
     others = [f for f in evaluation.findings if f.rule not in ("NonFiniteGradient", "GradientNormSpike", "LossSpike")]
     assert all("first to move" not in f.message for f in others)
+
+
+@pytest.mark.parametrize("fault", ["scale", "lr", "nan"])
+def test_the_event_is_the_step_of_the_first_loss_spike_finding(runs, fault: str) -> None:
+    """explain's default event and the LossSpike rule (its defaults) name the same step."""
+    from tensorlens import rules as R
+
+    path = runs(fault)
+    assert R.invoke(path, R.LossSpike())[0].step == explain(path).event.step
+
+
+def test_a_step_before_the_first_saved_one_is_a_clear_error(tmp_path) -> None:
+    path = synthetic_run(str(tmp_path))
+    with pytest.raises(ValueError, match="no saved step at or before step"):
+        explain(tl.open_run(path), at_step=-1)
+    assert explain(path, at_step=10_000).event.step == 39  # past the end: the last saved step
