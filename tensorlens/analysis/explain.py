@@ -102,9 +102,10 @@ class Event:
 
 @dataclasses.dataclass(frozen=True)
 class Cause:
-    """A tensor that left its trailing behaviour before the event: its ``statistic`` first passed
-    the threshold at ``onset_step``, ``deviation`` robust z-scores at most (``inf``: non-finite),
-    from a trailing median ``baseline`` to ``value`` at the onset. Higher ``score``: earlier and farther."""
+    """A tensor that left its trailing behaviour before the event: its ``statistic`` passed the
+    threshold at ``onset_step`` and stayed away, ``deviation`` robust z-scores from its trailing
+    median ``baseline`` to ``value`` there (``inf``: NaN/Inf, or a size fallen to 0). Higher
+    ``score``: earlier and farther."""
 
     tensor: str
     statistic: str
