@@ -256,3 +256,19 @@ def test_activations_reduced_in_their_hook_are_read_in_their_own_dtype(tmp_path)
 
 def test_the_interpreter_is_what_runs_here() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1" and path.path_for(torch.device("cpu")) == "triton"
+
+
+def test_the_traffic_benchmark_counts_one_read_per_value_on_the_triton_path() -> None:
+    """benchmarks/traffic.py on one large tensor: the Triton kernels read each value once and
+    write nothing of its size (their own accounting plus the ATen ops around them); PyTorch ops,
+    counted op by op, read it more than nine times, as docs/performance.md says."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("traffic", Path(__file__).resolve().parents[2] / "benchmarks" / "traffic.py")
+    traffic = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(traffic)
+    jobs = [TensorJob("a", [torch.randn(1 << 20)], ("min", "max", "mean", "std", "zero_fraction"), None)]
+    triton, torch_ops = traffic.measure("triton", jobs), traffic.measure("torch", jobs)
+    assert triton["reads_per_value"] < 1.01 and triton["writes_per_value"] < 0.01, triton
+    assert torch_ops["reads_per_value"] > 9 and torch_ops["writes_per_value"] > 3, torch_ops
