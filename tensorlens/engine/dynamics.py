@@ -439,10 +439,15 @@ class Dynamics:
                 rates, dead, active = derived.unit_statistics(vector[: size - 3], vector[size - 3])
                 names += [(f"activations/{name}", "dead_fraction"), (f"activations/{name}", "active_rate_mean")]
                 values += [dead, active]
-                job = self._job(collection, f"activations/{name}/{UNIT_RATES}", [rates], partitioned=False)
-                if job.histogram is not None and job.histogram.enabled:
-                    job.histogram = dataclasses.replace(job.histogram, range=(0.0, 1.0))  # rates: one axis for every step
-                jobs.append(job)
+                # an output that saw no position (an empty batch) has no rate: its vector is 0/0, so it
+                # is left out (its dead/active fractions are UNDEFINED, dropped and counted); known on
+                # the host in one process only, so a run of ranks that all saw an empty batch keeps NaN
+                unseen = reducer is None and units.get(name) is not None and units[name].positions == 0
+                if not unseen:
+                    job = self._job(collection, f"activations/{name}/{UNIT_RATES}", [rates], partitioned=False)
+                    if job.histogram is not None and job.histogram.enabled:
+                        job.histogram = dataclasses.replace(job.histogram, range=(0.0, 1.0))  # one axis for all steps
+                    jobs.append(job)
             if flags[1] == "1":
                 names.append((f"activations/{name}", "saturation_fraction"))
                 values.append(derived.fraction(vector[size - 2], vector[size - 1]))

@@ -271,7 +271,8 @@ def unit_activity(output: torch.Tensor, channel_last: bool, threshold: float = 0
     if axis == -1:
         flat = active.reshape(positions, units).to(dtype)
         return torch.ones(positions, dtype=dtype, device=y.device) @ flat, positions
-    per_sample = active.reshape(y.shape[0], units, -1).to(dtype).sum(dim=2)  # innermost first: contiguous
+    # sizes spelled out, not -1: an empty batch has 0 rows and -1 would be ambiguous
+    per_sample = active.reshape(y.shape[0], units, math.prod(y.shape[2:])).to(dtype).sum(dim=2)  # innermost first
     return per_sample.sum(dim=0), positions
 
 
@@ -317,7 +318,7 @@ def sample_norms(tensor: torch.Tensor, normalize: bool = False) -> torch.Tensor 
     t = tensor.detach()
     if t.dim() == 0:
         return None
-    flat = t.reshape(t.shape[0], -1)
+    flat = t.reshape(t.shape[0], math.prod(t.shape[1:]))  # not -1: an empty batch has 0 rows
     if flat.is_complex():
         flat = flat.abs()
     norms = _row_norms(flat)

@@ -439,3 +439,25 @@ def test_the_run_metadata_holds_the_dynamics_config(tmp_path: Any) -> None:
     hook.close()
     assert "dynamics" in config["collections"]
     assert config["dynamics"]["distance_from_init"] is True and config["dynamics"]["saturation_bounds"] == {"act2": [-1.0, 1.0]}
+
+
+def test_an_empty_batch_records_no_made_up_rate(tmp_path: Any) -> None:
+    """A step whose batch is empty saw no position: its unit rates are 0/0. They are left out (not
+    a NaN vector that ExplodingTensor would read as a collapse) and counted as undefined."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 6), nn.ReLU()).double()
+    mem = tl.MemoryBackend()
+    hook = tl.watch(model, backends=[mem], out_dir=str(tmp_path / "r"), save_interval=1, collections=["dynamics"], dynamics=True)
+    for rows in (64, 0):
+        model(torch.randn(rows, 5, dtype=torch.float64)).sum().backward()
+        hook.step()
+    hook.close()
+    full, empty = (record.scalar_dict() for record in mem.records)
+    assert full["activations/1/unit_active_rate/numel"] == 6
+    assert not any(key.startswith("activations/1/unit_active_rate/") for key in empty)
+    assert "activations/1/dead_fraction" not in empty
+    assert empty["dynamics/global/undefined_count"] >= 2
+    # what is NaN belongs to an empty tensor (numel 0: "NaN for the rest", as for any empty tensor)
+    nan = {k.rsplit("/", 1)[0] for k, v in empty.items() if isinstance(v, float) and math.isnan(v)}
+    assert nan and all(empty[f"{t}/numel"] == 0 and empty[f"{t}/nan_count"] == 0 for t in nan)
+    assert not [f for f in tl.rules.evaluate(tmp_path / "r").findings]  # no rule reads a made-up value
