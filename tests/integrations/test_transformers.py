@@ -333,6 +333,12 @@ def test_ddp_two_processes_reduce_gradients_and_eval_activations(tmp_path: Any) 
     assert ranks[0]["world_size"] == 2 and ranks[0]["global_step"] == ranks[1]["global_step"] == 4
     assert ranks[0]["run_dir"] == ranks[1]["run_dir"]
     run = tl.open_run(ranks[0]["run_dir"])
+    # the loss the Trainer logged (every 2 steps, gathered across ranks), merged across ranks unchanged
+    assert ranks[0]["losses"] == ranks[1]["losses"] and sorted(ranks[0]["losses"]) == ["2", "4"]
+    assert run.tensor("losses/loss").values() == pytest.approx({int(s): v for s, v in ranks[0]["losses"].items()}, rel=1e-12)
+    eval_steps = {k.mode_step: k.step for k in run.step_keys() if k.mode == tl.ModeKeys.EVAL}
+    stored_eval = {eval_steps[s]: v for s, v in run.tensor("losses/loss").values(mode="eval").items()}
+    assert stored_eval == pytest.approx({int(s): v for s, v in ranks[0]["eval_losses"].items()}, rel=1e-12)
     assert run.workers() == ["reduced"]
     assert run.steps("train") == [1, 2, 3, 4]
     # DDP averages the ranks' accumulated gradients; the record holds statistics of that average

@@ -67,7 +67,7 @@ def main(out: str) -> None:
     reference = Reference(model)
     args = TrainingArguments(
         output_dir=os.path.join(out, "trainer"), per_device_train_batch_size=2, gradient_accumulation_steps=2,
-        max_steps=4, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=2, max_grad_norm=0.05,
+        max_steps=4, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=2, max_grad_norm=0.05, logging_steps=2,
         report_to=[], use_cpu=True, ddp_backend="gloo", save_strategy="no", disable_tqdm=True, seed=0,
         ddp_find_unused_parameters=False,
     )
@@ -82,6 +82,9 @@ def main(out: str) -> None:
         json.dump({
             "world_size": torch.distributed.get_world_size(), "run_dir": recorder.run_dir,
             "backends": [b.name for b in recorder.backends], "global_step": trainer.state.global_step,
+            # what the Trainer logged (the same on every rank: it gathers the loss across ranks)
+            "losses": {e["step"]: e["loss"] for e in trainer.state.log_history if "loss" in e},
+            "eval_losses": {e["step"]: e["eval_loss"] for e in trainer.state.log_history if "eval_loss" in e},
         }, f)
 
 
