@@ -23,6 +23,8 @@ from tensorlens.reports.data import RunData
 from tensorlens.reports.health import WORST, Health, fmt, percent, run_health
 from tensorlens.reports.page import matrix
 
+#: The sign of a severity, in the health cards and the explorer's tree alike.
+MARKS = {"critical": "\u2716", "warning": "\u25b2"}
 #: Tensors a health line names at most before "+N more".
 NAMED = 3
 #: Tensors the "what differs" section ranks per pair of runs.
@@ -85,8 +87,9 @@ def health_card(health: Health, data: RunData, color: str, rules_listed: bool = 
         facts.append(("not evaluated", f"{note.rule}: {note.message}"))
     blocks: list[Any] = []
     if health.fired:
-        rows = [(r.severity, r.rule, len(r.findings), r.first.step, _names(r.tensors) or "-") for r in health.fired]
-        blocks.append(Table(["severity", "rule", "findings", "from step", "tensors"], rows))
+        rows = [(f"{MARKS.get(r.severity, '')} {r.rule}", f"{len(r.findings)} from step {r.first.step}",
+                 _names(r.tensors) or "-") for r in health.fired]
+        blocks.append(Table(["rule (\u2716 critical, \u25b2 warning)", "findings", "tensors"], rows))
     return Card(health.run, health.status, badge, facts, blocks, color)
 
 

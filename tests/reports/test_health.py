@@ -95,11 +95,11 @@ def test_report_opens_with_each_runs_health(health_runs: dict[str, str]) -> None
     assert [re.match(r'tl-status-(\w+)"', c).group(1) for c in cards.values()] == ["healthy", "warning", "critical"]
     assert "healthy: no rule fired" in cards["healthy"] and "none in 16 saved steps" in cards["healthy"]
     dead = cards["dead"]
-    assert f"<td>DeadRelu</td><td>{sum(1 for _ in range(FAULT_STEP, 16))}</td><td>{FAULT_STEP}</td>" in dead
+    assert f"<td>\u25b2 DeadRelu</td><td>{16 - FAULT_STEP} from step {FAULT_STEP}</td><td>activations/{DEAD_RELU}</td>" in dead
     assert f"activations/{DEAD_RELU} 100 % (dead_fraction at step 15)" in dead
     nan = cards["nan"]
     assert f"<dt>first NaN/Inf</dt><dd>step {FAULT_STEP}: activations/0, activations/1, activations/2 +" in nan
-    assert "<td>critical</td><td>ExplodingTensor</td>" in nan and "<td>critical</td><td>NonFiniteGradient</td>" in nan
+    assert "<td>\u2716 ExplodingTensor</td>" in nan and "<td>\u2716 NonFiniteGradient</td>" in nan
     assert "not counted: all 5 layers hold NaN/Inf at step 15" in nan
     # the findings section lists what the rules find on the store now (the runs stored none while training)
     data = payload(page)
