@@ -26,10 +26,13 @@ class Tiny(L.LightningModule):
         super().__init__()
         torch.manual_seed(0)
         self.layer = nn.Linear(3, 2)
+        self.returned: list[float] = []  # every loss training_step returned on this rank
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
-        return nn.functional.mse_loss(self.layer(x), y)
+        loss = nn.functional.mse_loss(self.layer(x), y)
+        self.returned.append(float(loss))
+        return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
@@ -62,9 +65,11 @@ def main(out_dir: str) -> None:
         num_sanity_val_steps=0,
         gradient_clip_val=0.01,
     )
-    trainer.fit(Tiny(), loader, val_loader)
+    model = Tiny()
+    trainer.fit(model, loader, val_loader)
     hook = callback.hook
     report = {
+        "returned": model.returned,
         "backends": [b.name for b in hook.backends],
         "run_dir": hook.run_dir,
         "global_step": hook.global_step,

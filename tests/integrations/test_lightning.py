@@ -522,6 +522,10 @@ def test_ddp_only_rank_zero_writes_trackers(tmp_path: Any) -> None:
 
     run = tl.open_run(ranks[0]["run_dir"])
     assert run.workers() == ["reduced"]
+    # the loss: each rank's mean over its 2 micro-batches, merged across ranks as their mean
+    # (what self.log("train_loss", loss, sync_dist=True) shows)
+    per_rank = [np.array(ranks[r]["returned"]).reshape(4, 2).mean(axis=1) for r in (0, 1)]
+    assert run.tensor("losses/loss").values() == pytest.approx(dict(enumerate((per_rank[0] + per_rank[1]) / 2)), rel=1e-6)
     assert run.steps(mode="train") == [0, 1, 2, 3]
     assert run.steps(mode="epoch") == [0, 1, 2, 3]
     grad = run.tensor("gradients/layer.weight")
