@@ -229,7 +229,7 @@ class TensorLensCallbackBase(CallbackBase):
             return
         # automatic optimization divides the returned loss by accumulate_grad_batches before backward
         scale = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
-        hook.add_loss(LOSS_NAME, loss.detach() * scale if scale != 1 else loss)
+        hook.add_loss(LOSS_NAME, loss.detach().float() * scale if scale != 1 else loss)  # (a bf16 loss times n: in float32)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: torch.optim.Optimizer) -> None:
         hook = self._live_hook()
