@@ -109,6 +109,7 @@ def tracker_metadata(runs: Iterable[TrackerRun]) -> dict[str, dict[str, str | No
 
 # ---------------------------------------------------------------------------------------- the runs
 
+
 def active_tracker_runs() -> tuple[TrackerRun, ...]:
     """The active W&B run and this thread's active MLflow run (neither library is imported here)."""
     wandb = sys.modules.get("wandb")
@@ -158,9 +159,13 @@ def lightning_logger_runs(loggers: Sequence[Any]) -> tuple[TrackerRun, ...]:
         if found is not None and found.name:
             named.append(found)
             continue
-        version = _text(getattr(logger, "version", None))
-        label = "-".join(p for p in (_text(getattr(logger, "name", None)), version) if p)
-        others.append(TrackerRun(found.tracker if found else type(logger).__name__, label or None, found.run_id if found else version))
+        try:
+            version = _text(getattr(logger, "version", None))
+            label = "-".join(p for p in (_text(getattr(logger, "name", None)), version) if p)
+        except Exception:  # a logger whose name or version cannot be read names nothing
+            version, label = None, ""
+        tracker = found.tracker if found else type(logger).__name__
+        others.append(TrackerRun(tracker, label or None, found.run_id if found else version))
     return (*named, *others)
 
 
