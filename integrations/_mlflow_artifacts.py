@@ -199,7 +199,7 @@ class LayerPainter:
         bottom, top = 0.5 / height, 1 - 0.35 / height
         heat = figure.add_axes((0.22, bottom, 0.5, top - bottom))
         bar = figure.add_axes((0.735, bottom, 0.012, top - bottom))
-        profile = figure.add_axes((0.80, bottom, 0.18, top - bottom))
+        profile = figure.add_axes((0.835, bottom, 0.145, top - bottom))  # right of the colour bar's label
         image = heat.imshow(
             np.ma.masked_invalid(shown), aspect="auto", interpolation="nearest", cmap="viridis",
             extent=(-0.5, len(steps) - 0.5, len(layers) - 0.5, -0.5),
