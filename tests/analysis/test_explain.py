@@ -348,3 +348,24 @@ def test_a_step_before_the_first_saved_one_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(ValueError, match="no saved step at or before step"):
         explain(tl.open_run(path), at_step=-1)
     assert explain(path, at_step=10_000).event.step == 39  # past the end: the last saved step
+
+
+def test_names_from_the_store_reach_the_terminal_escaped(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stored name holding terminal control sequences is printed as visible escapes."""
+    from tensorlens.cli.group import run as cli
+
+    hostile = "weights/\x1b[2Jclear\u202etxt"
+    names = ((hostile, "l2"), (hostile, "nan_count"), ("losses/\x1b]52;c;aGk=\x07loss", ""))
+    writer = RunStoreWriter(str(tmp_path / "tensorlens.sqlite"), {})
+    for step in range(14):
+        values = [1.0 + 0.001 * step, 2.0 if step >= 12 else 0.0, 1.0]
+        writer.write(
+            tl.StepRecord.from_arrays(
+                step, "train", step, "worker_0", 1.7e9 + step, scalar_names=names, scalar_values=np.array(values)
+            )
+        )
+    writer.close()
+    assert cli(["explain", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\u202e" not in out and "\x07" not in out
+    assert "weights/\\x1b[2Jclear\\u202etxt" in out and "nan_count" in out
