@@ -11,15 +11,15 @@ float rounding; counts, bounds and histograms exactly).
   interpreter) the tensors fall back to PyTorch ops, with one warning saying why.
 
 ``TENSORLENS_NATIVE=0`` (the older switch) still turns the compiled kernel off. Under Triton's
-interpreter (``TRITON_INTERPRET=1``) the Triton kernels run on CPU tensors, one Python step per
-op: how the path is tested without a GPU, never fast. A tensor the chosen kernel cannot read (a
+interpreter (``TRITON_INTERPRET=1``, set before ``triton`` is first imported: triton reads it once)
+the Triton kernels run on CPU tensors, one Python step per op: how the path is tested without a
+GPU, never fast. A tensor the chosen kernel cannot read (a
 dtype it does not know, a column it does not compute) takes PyTorch ops on its own.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 import threading
 import warnings
@@ -57,8 +57,6 @@ def requested() -> str:
 @functools.lru_cache(maxsize=1)
 def triton_importable() -> bool:
     """Whether ``triton`` is installed and imports (checked once per process; :func:`reset`)."""
-    if importlib.util.find_spec("triton") is None:
-        return False
     try:
         import triton  # noqa: F401
         import triton.language  # noqa: F401
