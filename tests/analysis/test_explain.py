@@ -78,6 +78,9 @@ def train(
             if fault == "scale" and step == fault_step:
                 with torch.no_grad():
                     target.weight.mul_(50.0)
+            if fault == "dead" and step == fault_step:  # what a bad update does: the ReLU after fc3 dies
+                with torch.no_grad():
+                    target.bias.fill_(-50.0)
             if fault == "lr" and step == fault_step:
                 optimizer.param_groups[1]["lr"] *= 1000.0
             batch = torch.randint(0, 1024, (32,), generator=g)
@@ -369,3 +372,15 @@ def test_names_from_the_store_reach_the_terminal_escaped(tmp_path, capsys: pytes
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\u202e" not in out and "\x07" not in out
     assert "weights/\\x1b[2Jclear\\u202etxt" in out and "nan_count" in out
+
+
+def test_a_dead_relu_collapse_has_no_loss_spike_but_a_step_given_names_the_layer(runs) -> None:
+    """fc3's bias set to -50: the ReLU after it outputs 0 for every sample, the loss drifts back to
+    chance without a spike (no event by default); asked about the step after, the bias whose
+    spread fell to 0 and the dead ReLU are what moved."""
+    path = runs("dead")
+    assert explain(path).event is None
+    result = explain(path, at_step=FAULT_STEP + 1)
+    top = result.causes[0]
+    assert in_layer(top.tensor) and top.onset_step == FAULT_STEP, [str(c) for c in result.causes[:5]]
+    assert any(c.tensor.startswith("activations/act3") and c.onset_step == FAULT_STEP for c in result.causes[:5])
