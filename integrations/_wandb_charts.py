@@ -76,7 +76,7 @@ class ChartTables:
                 for step, layers, values in kept.values()
                 for depth, (layer, value) in enumerate(zip(layers, values.tolist(), strict=True))
             ]
-            table = wandb.Table(columns=list(PROFILE_COLUMNS), data=rows, allow_mixed_types=True)
+            table = _table(wandb, PROFILE_COLUMNS, rows)
             charts[key] = wandb.plot.line(
                 table, "depth", "value", stroke="step", title=f"{collection} {stat} by layer depth (one line per step)"
             )
@@ -91,11 +91,23 @@ class ChartTables:
                 for step, counts, edges in kept.values()
                 for i in range(len(counts))
             ]
-            table = wandb.Table(columns=list(HEATMAP_COLUMNS), data=rows)
+            table = _table(wandb, HEATMAP_COLUMNS, rows)
             charts[key] = wandb.plot_table(
                 self.heatmap_chart, table, {name: name for name in HEATMAP_COLUMNS}, {"title": f"{tensor}: histogram over steps"}
             )
         return charts
+
+
+def _table(wandb: Any, columns: tuple[str, ...], rows: list[list[Any]]) -> Any:
+    """A ``wandb.Table`` of ``rows``, whose columns all have one type each (int, int, str, float).
+
+    ``wandb.Table(data=rows)`` infers and checks the type of every row through W&B's type system,
+    about 0.3 ms a row here: a chart of 148 layers x 24 steps took over a second on the dispatcher
+    thread (holding the GIL the training loop needs). The column types are taken from the first
+    row and the rows are set as the table's ``data`` (a public attribute) at once."""
+    table = wandb.Table(columns=list(columns), data=rows[:1], allow_mixed_types=True)
+    table.data = [list(row) for row in rows]
+    return table
 
 
 # ---------------------------------------------------------------------- the chart specs

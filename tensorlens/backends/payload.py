@@ -177,8 +177,23 @@ class Payload:
         return [k for k, _ in self.scalars] + [f"{h.tensor}/histogram" for h in self.histograms]
 
 
-# What a scalar (tensor, stat) of a record is, decided once per name and cached.
+# What a scalar (tensor, stat) of a record is.
 _SEND, _SKIP, _NONFINITE = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """What a selector takes from records named alike (the engine's records of one configuration
+    share their names), worked out once: positions in ``scalar_values`` and names."""
+
+    send: np.ndarray  # positions of the scalars sent
+    send_keys: tuple[str, ...]  # their record keys
+    counts: np.ndarray  # positions of the NaN/Inf counts of tensors (global ones and epochs aside)
+    count_tensors: tuple[str, ...]  # the tensor of each
+    count_keys: tuple[str, ...]  # the record key of each
+    count_sent: np.ndarray  # bool: that count is among the scalars sent already
+    histograms: tuple[str, ...] | None  # tensors whose histograms go (None: all)
+    panels: tuple[tuple[str, str, tuple[str, ...], np.ndarray], ...]  # (collection, stat, layers, positions)
 
 
 class PayloadSelector:
@@ -196,8 +211,8 @@ class PayloadSelector:
         listed = () if isinstance(self.tracker_stats, str) else self.tracker_stats
         self._stats = frozenset(s for s in listed if s != HISTOGRAM)
         self._histograms = self._all or HISTOGRAM in listed
-        self._kind: dict[tuple[str, str], int] = {}
         self._flagged: set[str] = set()  # tensors that held NaN or Inf: their counts go from then on
+        self._layouts: dict[tuple[Any, Any], _Layout] = {}  # the last few names seen -> their layout
 
     @property
     def sends_panels(self) -> bool:
@@ -217,51 +232,62 @@ class PayloadSelector:
             return _SEND
         return _NONFINITE if stat in NONFINITE_STATS else _SKIP
 
+    def _layout(self, record: StepRecord) -> _Layout:
+        names, histogram_names = record.scalar_names, record.histogram_names
+        for (known, known_histograms), layout in self._layouts.items():
+            # identical objects compare at once; equal tuples of the same strings nearly so
+            if (known is names or known == names) and (known_histograms is histogram_names or known_histograms == histogram_names):
+                return layout
+        send, counts = [], []
+        for position, (tensor, stat) in enumerate(names):
+            if self._decide(tensor, stat) == _SEND:
+                send.append(position)
+            if stat in NONFINITE_STATS and tensor != GLOBAL_TENSOR and not tensor.startswith("epochs/"):
+                counts.append(position)
+        sent = frozenset(send)
+        layout = _Layout(
+            send=np.asarray(send, dtype=np.intp),
+            send_keys=tuple(f"{names[i][0]}/{names[i][1]}" if names[i][1] else names[i][0] for i in send),
+            counts=np.asarray(counts, dtype=np.intp),
+            count_tensors=tuple(names[i][0] for i in counts),
+            count_keys=tuple(f"{names[i][0]}/{names[i][1]}" for i in counts),
+            count_sent=np.asarray([i in sent for i in counts], dtype=bool),
+            histograms=None if self._histograms else tuple(
+                tensor for tensor, _ in histogram_names
+                if tensor.partition("/")[0] in ALWAYS_COLLECTIONS
+                or (self._default and tensor.partition("/")[0] in HISTOGRAM_COLLECTIONS and tensor.count("/") == 1)
+            ),
+            panels=panel_layout(names) if self.sends_panels else (),
+        )
+        if len(self._layouts) >= 8:  # train, eval, epoch records and a few more: keep the newest
+            self._layouts.pop(next(iter(self._layouts)))
+        self._layouts[(names, histogram_names)] = layout
+        return layout
+
     def select(self, record: StepRecord) -> Payload:
         """The payload of ``record``."""
-        kinds = self._kind
-        scalars: list[tuple[str, float]] = []
-        nonfinite_total = 0.0
-        counted = False
-        values = record.scalar_values.tolist()
-        newly: list[str] = []
-        for (tensor, stat), value in zip(record.scalar_names, values, strict=True):
-            kind = kinds.get((tensor, stat))
-            if kind is None:
-                kind = kinds[(tensor, stat)] = self._decide(tensor, stat)
-            if stat in NONFINITE_STATS and tensor != GLOBAL_TENSOR and not tensor.startswith("epochs/"):
-                counted = True
-                if value != 0:  # a count above zero, or itself NaN
-                    nonfinite_total += value
-                    if tensor not in self._flagged:
-                        newly.append(tensor)
-            if kind == _SEND:
-                scalars.append((f"{tensor}/{stat}" if stat else tensor, value))
-        self._flagged.update(newly)
-        if self._flagged and not self._all:
-            # a tensor that held NaN or Inf: its counts go, from that step on (those not sent already)
-            for (tensor, stat), value in zip(record.scalar_names, values, strict=True):
-                if tensor in self._flagged and stat in NONFINITE_STATS and kinds.get((tensor, stat)) != _SEND:
-                    scalars.append((f"{tensor}/{stat}", value))
-        globals_ = ((NONFINITE_COUNT, nonfinite_total),) if counted else ()
-        return Payload(tuple(scalars), globals_, self._select_histograms(record), self._panels(record))
-
-    def _select_histograms(self, record: StepRecord) -> tuple[HistogramEntry, ...]:
-        if not record.histogram_names:
-            return ()
-        if self._histograms:
-            return record.histograms
-        return tuple(
-            record.histogram(tensor)  # type: ignore[misc]
-            for tensor, _ in record.histogram_names
-            if tensor.partition("/")[0] in ALWAYS_COLLECTIONS
-            or (self._default and tensor.partition("/")[0] in HISTOGRAM_COLLECTIONS and tensor.count("/") == 1)
+        layout = self._layout(record)
+        values = record.scalar_values
+        scalars = list(zip(layout.send_keys, values[layout.send].tolist(), strict=True))
+        globals_: tuple[tuple[str, float], ...] = ()
+        if len(layout.counts):
+            counts = values[layout.counts]
+            globals_ = ((NONFINITE_COUNT, float(counts.sum())),)
+            self._flagged.update(layout.count_tensors[i] for i in np.flatnonzero(counts != 0))  # NaN != 0 too
+            if self._flagged:
+                # a tensor that held NaN or Inf: its counts go, from that step on (those not sent already)
+                scalars += [
+                    (layout.count_keys[i], float(counts[i])) for i, tensor in enumerate(layout.count_tensors)
+                    if tensor in self._flagged and not layout.count_sent[i]
+                ]
+        if layout.histograms is None:
+            histograms = record.histograms
+        else:
+            histograms = tuple(record.histogram(t) for t in layout.histograms)  # type: ignore[misc]
+        panels = tuple(
+            LayerPanel(collection, stat, layers, values[positions]) for collection, stat, layers, positions in layout.panels
         )
-
-    def _panels(self, record: StepRecord) -> tuple[LayerPanel, ...]:
-        if not self.sends_panels:
-            return ()
-        return layer_panels(record)
+        return Payload(tuple(scalars), globals_, histograms, panels)  # type: ignore[arg-type]
 
 
 def layer_panels(record: StepRecord) -> tuple[LayerPanel, ...]:
@@ -270,8 +296,17 @@ def layer_panels(record: StepRecord) -> tuple[LayerPanel, ...]:
 
     Only a tensor of a collection itself counts as a layer (``activations/fc1``, not its
     per-sample part ``activations/fc1/sample_norm``)."""
-    by_collection: dict[str, dict[str, tuple[list[str], list[float]]]] = {}
-    for (tensor, stat), value in zip(record.scalar_names, record.scalar_values.tolist(), strict=True):
+    values = record.scalar_values
+    return tuple(
+        LayerPanel(collection, stat, layers, values[positions])
+        for collection, stat, layers, positions in panel_layout(record.scalar_names)
+    )
+
+
+def panel_layout(names: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str, tuple[str, ...], np.ndarray], ...]:
+    """``(collection, stat, layers, positions in the record's scalars)`` of each default panel."""
+    by_collection: dict[str, dict[str, tuple[list[str], list[int]]]] = {}
+    for position, (tensor, stat) in enumerate(names):
         if not stat:
             continue
         collection, _, layer = tensor.partition("/")
@@ -284,9 +319,9 @@ def layer_panels(record: StepRecord) -> tuple[LayerPanel, ...]:
             stat = SAMPLE_NORM_MEAN
         elif stat not in _PANEL_CANDIDATES:
             continue
-        names, vals = by_collection.setdefault(collection, {}).setdefault(stat, ([], []))
-        names.append(layer)
-        vals.append(value)
+        layers, positions = by_collection.setdefault(collection, {}).setdefault(stat, ([], []))
+        layers.append(layer)
+        positions.append(position)
     panels = []
     for collection, stats in by_collection.items():
         for owner, stat in PANEL_STATS:
@@ -295,8 +330,8 @@ def layer_panels(record: StepRecord) -> tuple[LayerPanel, ...]:
             if owner is None:  # the collection's size: l2, else std, else the mean per-sample norm
                 stat = next((s for s in _SIZE_STATS if s in stats), stat)
             if stat in stats:
-                names, vals = stats[stat]
-                panels.append(LayerPanel(collection, stat, tuple(names), np.asarray(vals, dtype=np.float64)))
+                layers, positions = stats[stat]
+                panels.append((collection, stat, tuple(layers), np.asarray(positions, dtype=np.intp)))
     return tuple(panels)
 
 
