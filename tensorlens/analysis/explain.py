@@ -379,6 +379,11 @@ def _explain(
         f"{len(causes)} tensor(s) left their trailing behaviour before it"
         if causes
         else "no tensor left its trailing behaviour before it"
+        + (
+            f" (only {len(steps) - 1} saved step(s) before it: a trailing behaviour needs {MIN_HISTORY})"
+            if len(steps) - 1 < MIN_HISTORY
+            else ""
+        )
     )
     return Explanation(run.path, event, causes[:top], message, window, threshold, read)
 

@@ -384,3 +384,13 @@ def test_a_dead_relu_collapse_has_no_loss_spike_but_a_step_given_names_the_layer
     top = result.causes[0]
     assert in_layer(top.tensor) and top.onset_step == FAULT_STEP, [str(c) for c in result.causes[:5]]
     assert any(c.tensor.startswith("activations/act3") and c.onset_step == FAULT_STEP for c in result.causes[:5])
+
+
+def test_an_event_too_early_for_a_trailing_behaviour_says_so(tmp_path) -> None:
+    path = synthetic_run(str(tmp_path), steps=12, spike_at=6)
+    result = explain(path)
+    assert result.event.kind == "loss spike" and result.event.step == 6 and result.causes == []
+    assert result.message.endswith(
+        "no tensor left its trailing behaviour before it (only 6 saved step(s) before it: "
+        "a trailing behaviour needs 10)"
+    ), result.message
