@@ -198,3 +198,45 @@ def test_describe_names_each_device_when_they_differ(clean) -> None:
     if native.available():
         assert path.describe(["cuda:0", "cpu"]) == "cpu=native,cuda:0=torch"
     assert np.all([p in path.PATHS for p in ("native", "triton", "torch")])
+
+
+COMPILE = """
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tensorlens.stats.triton import kernels as k
+from tensorlens.stats.triton.rows import COL, PARTIALS
+
+def build(fn, signature, constants):
+    signature = {**signature, **{name: "constexpr" for name in constants}}
+    compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants), target=GPUTarget("cuda", 90, 32))
+    assert ".entry" in compiled.asm["ptx"]
+
+table = {"addresses": "*i64", "lengths": "*i64"}
+for dtype, rows, cols in ((tl.bfloat16, 256, 16), (tl.float32, 1, 4096), (tl.float64, 8, 512)):
+    build(k.item_partials, {**table, "out": "*fp64", "n_items": "i32"},
+          {"ROWS": rows, "COLS": cols, "DTYPE": dtype, "ACC": tl.float64 if dtype == tl.float64 else tl.float32,
+           "WANT_ABS": True, "WANT_ZEROS": True})
+names = {"COUNT": "count", "SUM": "sum", "SUMSQ": "sumsq", "M2": "m2", "L1": "l1", "MIN": "min", "MAX": "max",
+         "ABS_MIN": "abs_min", "ABS_M2": "abs_m2", "NAN": "nan_count", "INF": "inf_count", "ZERO": "zero_count"}
+build(k.merge_items, {"items": "*fp64", "first": "*i64", "counts": "*i64", "out": "*fp64", "n_tensors": "i32"},
+      {**{f"C_{short}": COL[name] for short, name in names.items()}, "P": len(PARTIALS), "ROWS": 512})
+samples = {"addresses": "*i64", "strides": "*i64", "lengths": "*i64"}
+build(k.sample_ranges, {**samples, "low_out": "*fp64", "high_out": "*fp64", "n_samples": "i32"},
+      {"ROWS": 64, "COLS": 64, "DTYPE": tl.float32, "ACC": tl.float32})
+build(k.bin_samples, {**samples, "low": "*fp32", "high": "*fp32", "scale": "*fp32", "counts": "*i64", "below": "*i64",
+                      "above": "*i64", "n_samples": "i32"},
+      {"BINS": 64, "CLIP": True, "ROWS": 1, "COLS": 4096, "DTYPE": tl.bfloat16, "ACC": tl.float32})
+print("compiled")
+"""
+
+
+def test_the_kernels_compile_for_a_gpu_without_one(tmp_path) -> None:
+    """The interpreter runs Python, not the compiler: each kernel is also compiled to PTX for an
+    sm_90 GPU (an H100) with the ptxas triton brings, which needs no GPU."""
+    if not path.triton_importable():
+        pytest.skip("triton is not installed (pip install --no-deps triton==3.9.0)")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path / "cache"), TRITON_DEFAULT_FP_FUSION="1")
+    done = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == 0 and "compiled" in done.stdout, done.stdout + done.stderr[-4000:]
