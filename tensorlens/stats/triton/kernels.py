@@ -1,7 +1,7 @@
 """The Triton kernels of the fused statistics path (imported only where the path is used: it needs
 ``triton``, and ``TRITON_INTERPRET=1`` must be set before this module is imported to run them on a CPU).
 
-Three kernels, each reading its tensors through a table of addresses (``int64`` data pointers), so
+Four kernels, each reading its tensors through a table of addresses (``int64`` data pointers), so
 tensors of any number and size share a launch without being copied into one buffer:
 
 - :func:`item_partials` reads every value once. A program takes ``ROWS`` *items* (a small tensor,
@@ -9,8 +9,9 @@ tensors of any number and size share a launch without being copied into one buff
   Each block is reduced in the values' compute precision (float32, float64 for float64 tensors),
   its centred moments taken around the block's own mean (the corrected two-pass algorithm, in
   registers), and merged into float64 accumulators with Chan's update: count, sum, centred sum of
-  squares, min, max, and on request sum and centred squares of ``|x|``, smallest ``|x|``, zeros,
-  product; NaN and Inf are always counted.
+  squares, min, max, and on request sum and centred squares of ``|x|``, smallest ``|x|`` and
+  zeros; NaN and Inf are always counted. A block of finite values whose float32 sums overflow is
+  done again in float64.
 - :func:`merge_items` merges the items of each tensor in a fixed order (Chan's update again, in
   float64) into the registry's partial row: deterministic, whatever the GPU schedules.
 - :func:`sample_ranges` and :func:`bin_samples` read the histogram's strided sample straight from

@@ -4,13 +4,14 @@ the device without the host waiting for it.
 
 Layout. A tensor of up to :data:`CHUNK` values is one *item*; a larger one is cut into items of
 :data:`CHUNK` values, each read by its own program (so a 124M-value gradient spreads over the GPU)
-and merged in order afterwards. Items are launched by size class (:data:`CLASSES`): up to 64
-values, 64 items share a program as a 64 x 64 tile; up to 512, 8 of them; larger ones alone, 4096
-values at a time. So 10,000 tiny tensors take a few hundred programs in one launch, not 10,000.
+and merged in order afterwards. Items are launched by size class (:data:`CLASSES`): up to 16
+values, 256 items share a program as a 256 x 16 tile; up to 64, 64 of them; up to 512, 8; larger
+ones alone, 4096 values at a time. So 10,000 tiny tensors take a few dozen programs, not 10,000.
 
 Addresses, not a buffer. Each launch reads a table of ``int64`` data pointers (one per item), made
-on the host at every step (activations move) and copied to the device from pinned memory without
-blocking; the sizes, classes and merge order are built once. Concatenating the tensors into one
+on the host at every step and copied to the device from pinned memory without blocking (only when
+the addresses changed: parameters and gradients usually stay put, activations move); the sizes,
+classes and merge order are built once. Concatenating the tensors into one
 buffer first (what the PyTorch path does for small ones) would write every value once more: the
 table costs 8 bytes per item. Triton's interpreter (``TRITON_INTERPRET=1``) reads such addresses
 on a CPU too (its loads are raw memory reads), which is how the path is tested without a GPU; it
@@ -52,7 +53,7 @@ TRITON_COLUMNS = frozenset(
         "zero_count",
     }
 )
-#: The dtypes the kernels read as they are (others fall back to PyTorch ops, see :func:`supports`).
+#: The dtypes the kernels read as they are (others fall back to PyTorch ops, see :func:`triton_reads`).
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 #: Values per item of a large tensor: one program reads them, 4096 at a time.
 CHUNK = 1 << 16
@@ -64,11 +65,6 @@ INTERPRETED_TILE = 16384
 #: Tensors per program when items are merged into rows.
 MERGE_ROWS = 512
 _ABS = frozenset({"l1", "abs_min", "abs_m2"})
-
-
-def supports(values: torch.Tensor) -> bool:
-    """Whether the kernels read ``values`` as they are: a contiguous tensor of one of :data:`DTYPES`."""
-    return values.dtype in DTYPES and values.layout == torch.strided and values.is_contiguous()
 
 
 def _kernels() -> Any:
