@@ -4,10 +4,12 @@
 >>> tl.report("tensorlens_runs/my-run", path="report.html")       # doctest: +SKIP
 >>> tl.explore("tensorlens_runs/my-run", path="explorer.html")    # doctest: +SKIP
 
-Layout: :mod:`.data` reads a run in one pass; :mod:`.sections` makes the report's sections
-(register your own with :func:`register_section`); :mod:`.blocks` holds the page's building
-blocks and Vega-Lite specs; :mod:`.page` inlines everything into one HTML file; :mod:`.explorer`
-builds the module tree.
+Layout: :mod:`.data` reads a run in one pass; :mod:`.health` checks it (the default rules on the
+store, first NaN/Inf, dead layers, update ratios); :mod:`.summary` makes the sections a report opens
+with (each run's health, what differs between runs) and :mod:`.sections` the others (register your
+own with :func:`register_section`); :mod:`.blocks` holds the page's building blocks and Vega-Lite
+specs; :mod:`.page` inlines everything into one HTML file; :mod:`.explorer` builds the module tree
+and marks the modules with findings.
 """
 
 from __future__ import annotations
