@@ -52,12 +52,18 @@ def test_wandb_init_name_names_the_run(tmp_path: Any, monkeypatch: pytest.Monkey
 def test_mlflow_run_name_names_the_run(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     mlflow = pytest.importorskip("mlflow")
     monkeypatch.chdir(tmp_path)
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    previous = tracking_utils._tracking_uri  # restored after: later tests keep their own
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    mlflow.set_tracking_uri(uri)
+    # an experiment of this store (an experiment made active by an earlier test is not in it)
+    experiment = mlflow.MlflowClient(uri).create_experiment("tensorlens-names", artifact_location=(tmp_path / "a").as_uri())
     try:
-        with mlflow.start_run(run_name="base") as active:
+        with mlflow.start_run(run_name="base", experiment_id=experiment) as active:
             hook = train_watched(backends=["local"])  # named after the run even when not sending to it
     finally:
-        mlflow.set_tracking_uri(None)
+        mlflow.set_tracking_uri(previous)
     assert hook.run_name == "base"
     assert tl.open_run(hook.run_dir).metadata()["trackers"]["mlflow"] == {"run_name": "base", "run_id": active.info.run_id}
 
