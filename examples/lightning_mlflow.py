@@ -66,7 +66,9 @@ def main(out_dir: str = DEFAULT_OUT_DIR, max_epochs: int = 2) -> str:
         artifact_location=os.path.join(out_dir, "artifacts"),
     )
     # every 10 optimizer steps (and every 10th validation batch), with activations
-    callback = TensorLensCallback(save_interval=10, activations=True)
+    # tracker_stats=["l2", "histogram"]: each tensor's l2 as an MLflow series of its own, besides the
+    # histograms (the default payload sends histograms, per-layer images and the global values)
+    callback = TensorLensCallback(save_interval=10, activations=True, tracker_stats=["l2", "histogram"])
     trainer = L.Trainer(
         max_epochs=max_epochs,
         accelerator="cpu",

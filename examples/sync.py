@@ -83,12 +83,15 @@ def main(out_dir: str = DEFAULT_OUT_DIR) -> None:
         if to == "wandb":
             print("\n".join(result.lines))
 
-    # Read one series back from MLflow: the local store's values, at the same steps.
+    # Read one series back from MLflow: the local store's values, at the same steps. Trackers get the
+    # default payload (histograms, per-layer charts, global values, losses): the loss is there under
+    # its documented key (tensorlens.backends.keys); TENSORLENS_TRACKER_STATS=all would send every statistic.
     client = MlflowClient(mlflow_uri)
     run_id = sync_run(run_dir, "mlflow", progress=False, **targets["mlflow"]).run_id
-    key = "tensorlens/gradients/0.weight/l2"
+    key = "tensorlens-losses/crossentropyloss"
     history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
-    stored = tl.open_run(run_dir).tensor("gradients/0.weight").reduction_values("l2")
+    with tl.open_run(run_dir) as stored_run:
+        stored = {step: stored_run.scalars(step)["losses/crossentropyloss"] for step in stored_run.steps("train")}
     print(f"\n{key} in MLflow: {[(s, round(v, 4)) for s, v in history]}")
     print(f"equal to the local store: {history == sorted(stored.items())}")
     params = client.get_run(run_id).data.params
