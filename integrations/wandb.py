@@ -14,7 +14,7 @@ the payload of :mod:`tensorlens.backends.payload`, chosen with ``tracker_stats``
   (``tensorlens/rules/<rule>/count``, ``.../first_step``, ``.../last_step``, ``.../last_message``;
   the first time a rule fires on a tensor also a W&B alert, level WARN);
 - one section per collection, ``tensorlens-<collection>``: by default a ``wandb.Histogram`` of every
-  parameter tensor and module output (``tensorlens-gradients/fc1.weight/histogram``, exact bins),
+  parameter tensor's weights and gradients (``tensorlens-gradients/fc1.weight/histogram``, exact bins),
   the plain values (``tensorlens-losses/train_loss``), and one custom chart per collection and
   statistic holding every layer (``tensorlens-gradients/per-layer/l2``: the statistic by layer
   depth, one line per logged step, built-in preset ``wandb/line/v0``). With ``tracker_stats="all"``

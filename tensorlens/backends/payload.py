@@ -7,8 +7,8 @@ thousands of keys:
 - ``"default"``, for comparing runs:
 
   - a histogram of every parameter tensor (``weights``, ``biases``, ``gradients``: what
-    ``wandb.watch`` users expect) and of every module output (``activations``), but not of an
-    activation's per-sample parts (``activations/fc1/sample_norm``);
+    ``wandb.watch`` users expect); activations are seen through their panels (a histogram per
+    module output is one of ``"all"``'s, or of a list naming ``"histogram"``);
   - one **panel per collection and statistic holding every layer** (:class:`LayerPanel`): the
     ``l2`` of each collection (``std`` for one without ``l2``; for ``activation_gradients`` and
     ``input_gradients``, whose tensors are per-sample parts, the mean per-sample norm), the
@@ -76,8 +76,10 @@ NONFINITE_COUNT = "nonfinite_count"
 NONFINITE_STATS = ("nan_count", "inf_count")
 #: Collections whose every statistic always goes (the user chose to record each of them).
 ALWAYS_COLLECTIONS = ("losses", "summaries", "scalars")
-#: Collections whose tensors get a histogram by default (their whole tensors, not per-sample parts).
-HISTOGRAM_COLLECTIONS = ("weights", "biases", "gradients", "activations")
+#: Collections whose tensors get a histogram by default: the parameters' (what ``wandb.watch`` logs).
+#: Module outputs are left to their panels: a histogram each would cost every tracker a third more
+#: bytes per step (TensorBoard checksums each byte in Python) for what the panels already show.
+HISTOGRAM_COLLECTIONS = ("weights", "biases", "gradients")
 #: ``(collection or None for every collection, statistic)`` of the default panels; a collection
 #: without any ``l2`` gets a panel of its ``std`` instead, one with only per-sample parts
 #: (``activation_gradients/fc1/sample_norm``) one of their mean (:data:`SAMPLE_NORM_MEAN`).
