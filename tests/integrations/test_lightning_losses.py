@@ -112,6 +112,7 @@ def test_wandb_logger_names_the_run_and_the_losses_match_wandb(tmp_path: Any, mo
     eval_records = {k.mode_step: k.step for k in run.step_keys() if k.mode == tl.ModeKeys.EVAL}
     stored_val = {eval_records[mode_step]: value for mode_step, value in run.tensor("losses/loss").values(mode="eval").items()}
     assert stored_val == pytest.approx(logged_val, rel=1e-6)
+    assert run.tensor_names("losses") == ["losses/loss"]  # train_loss, logged before the evaluations, is not taken for theirs
 
     # the readers of losses have something to read: the loss rules are evaluated, the report
     # plots the loss instead of saying none was recorded
