@@ -11,6 +11,7 @@ by the collections and panel statistics, not by the tensors or the steps.
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
 import os
 import time
@@ -155,19 +156,28 @@ class LayerImages:
             return  # the images are a convenience; the metrics and histogram files hold the data
         deadline = time.monotonic() + IMAGE_BUDGET_S
         todo = sorted(self.histories.items(), key=lambda item: (str(item[0][0]), str(item[0][1]), item[0][2], item[0][3]))
-        for done, ((mode, worker, collection, stat), history) in enumerate(todo):
-            if time.monotonic() > deadline:
-                warnings.warn(
-                    f"tensorlens: MLflowBackend drew {done} of {len(todo)} per-layer images in {IMAGE_BUDGET_S:.0f} s "
-                    "and skipped the rest so that close() ends in time; the metrics hold the values",
-                    stacklevel=3,
-                )
-                return
-            steps, _ = history.grid()
-            xlabel = "step" if mode == ModeKeys.TRAIN else f"{mode} step"
-            image = painter.draw(history, f"{collection} {stat}, every layer ({mode})", xlabel)
-            probe()
-            client.log_image(run_id, image, key=key_of(collection, stat, mode, worker), step=int(steps[-1]), timestamp=timestamp)
+        # one upload in flight while the next image is drawn: drawing holds the CPU, an upload waits
+        # on the server (log_image writes the PNG and a thumbnail, two requests and a tag)
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tensorlens-mlflow-images") as uploads:
+            sent: concurrent.futures.Future[Any] | None = None
+            for done, ((mode, worker, collection, stat), history) in enumerate(todo):
+                if time.monotonic() > deadline:
+                    warnings.warn(
+                        f"tensorlens: MLflowBackend drew {done} of {len(todo)} per-layer images in {IMAGE_BUDGET_S:.0f} s "
+                        "and skipped the rest so that close() ends in time; the metrics hold the values",
+                        stacklevel=3,
+                    )
+                    break
+                steps, _ = history.grid()
+                xlabel = "step" if mode == ModeKeys.TRAIN else f"{mode} step"
+                image = painter.draw(history, f"{collection} {stat}, every layer ({mode})", xlabel)
+                if sent is not None:
+                    sent.result()  # the previous upload's error, if any, stops here
+                probe()
+                key = key_of(collection, stat, mode, worker)
+                sent = uploads.submit(client.log_image, run_id, image, key=key, step=int(steps[-1]), timestamp=timestamp)
+            if sent is not None:
+                sent.result()
 
 
 class LayerPainter:
