@@ -71,6 +71,8 @@ def health_card(health: Health, data: RunData, color: str, rules_listed: bool = 
         finite = [(t, v) for t, v in health.dead if math.isfinite(v)]
         shown = [f"{t} {percent(v)}" for t, v in finite[:WORST] if v > 0]
         what = f"{health.dead_statistic} at step {last}"
+        if health.dead_statistic != "dead_fraction":  # zeros of single values, not units dead for a whole batch
+            what += "; dead units need tl.watch(model, dynamics=True)"
         text = f"{', '.join(shown)} ({what})" if shown else f"none ({what} is 0 everywhere)"
         broken = len(health.dead) - len(finite)
         if broken == len(health.dead):
