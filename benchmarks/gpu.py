@@ -87,12 +87,32 @@ def gpu_paths(device: torch.device) -> list[str]:
 
 def exactness(device: torch.device, paths: list[str]) -> dict[str, Any]:
     g = torch.Generator().manual_seed(0)
-    tensors = [torch.randn(n, generator=g) * s for n, s in ((0, 1), (1, 1), (7, 3), (2048, 1), (70_001, 0.02), (3_000_001, 1e-3))]
+    tensors = [
+        torch.randn(n, generator=g) * s
+        for n, s in ((0, 1), (1, 1), (7, 3), (2048, 1), (70_001, 0.02), (3_000_001, 1e-3))
+    ]
     tensors[2][3] = math.nan
     tensors[4][5] = math.inf
-    tensors += [torch.randn(4096, generator=g).to(torch.bfloat16), torch.randn(5000, generator=g).half(),
-                torch.randn(100_000, generator=g, dtype=torch.float64), torch.relu(torch.randn(1024, 768, generator=g))]
-    stats = ("min", "max", "mean", "std", "l1", "l2", "rms", "abs_min", "abs_std", "zero_fraction", "nan_count", "inf_count")
+    tensors += [
+        torch.randn(4096, generator=g).to(torch.bfloat16),
+        torch.randn(5000, generator=g).half(),
+        torch.randn(100_000, generator=g, dtype=torch.float64),
+        torch.relu(torch.randn(1024, 768, generator=g)),
+    ]
+    stats = (
+        "min",
+        "max",
+        "mean",
+        "std",
+        "l1",
+        "l2",
+        "rms",
+        "abs_min",
+        "abs_std",
+        "zero_fraction",
+        "nan_count",
+        "inf_count",
+    )
     jobs = [TensorJob(f"t/{i}", [t.to(device)], stats, HistogramConfig(bins=64)) for i, t in enumerate(tensors)]
     jobs.append(TensorJob("fixed", [tensors[-1].to(device)], ("mean",), HistogramConfig(bins=16, range=(0.0, 1.0))))
     records = {}
@@ -110,19 +130,30 @@ def exactness(device: torch.device, paths: list[str]) -> dict[str, Any]:
         found = records[chosen]
         a, b = found.scalar_values, reference.scalar_values
         finite = np.isfinite(a) & np.isfinite(b)
-        relative = float((np.abs(a[finite] - b[finite]) / np.maximum(np.abs(b[finite]), 1e-30)).max()) if finite.any() else 0.0
-        nonfinite_equal = bool((np.isfinite(a) == np.isfinite(b)).all() and np.array_equal(a[~finite], b[~finite], equal_nan=True))
+        relative = (
+            float((np.abs(a[finite] - b[finite]) / np.maximum(np.abs(b[finite]), 1e-30)).max()) if finite.any() else 0.0
+        )
+        nonfinite_equal = bool(
+            (np.isfinite(a) == np.isfinite(b)).all() and np.array_equal(a[~finite], b[~finite], equal_nan=True)
+        )
         exact = ("nan_count", "inf_count", "numel", "min", "max")
         counts_equal = all(
-            (found.scalar(t, s) == reference.scalar(t, s)) or (math.isnan(found.scalar(t, s)) and math.isnan(reference.scalar(t, s)))
-            for t, s in found.scalar_names if s in exact
+            (found.scalar(t, s) == reference.scalar(t, s))
+            or (math.isnan(found.scalar(t, s)) and math.isnan(reference.scalar(t, s)))
+            for t, s in found.scalar_names
+            if s in exact
         )
         histograms_equal = all(
             h.tensor == r.tensor and (h.counts == r.counts).all() and (h.edges == r.edges).all()
             for h, r in zip(found.histograms, reference.histograms, strict=True)
         )
-        out[chosen] = {"plan_path": records[chosen + ":plan"], "max_relative_difference": relative, "nonfinite_equal": nonfinite_equal,
-                       "counts_min_max_equal": bool(counts_equal), "histograms_equal": bool(histograms_equal)}
+        out[chosen] = {
+            "plan_path": records[chosen + ":plan"],
+            "max_relative_difference": relative,
+            "nonfinite_equal": nonfinite_equal,
+            "counts_min_max_equal": bool(counts_equal),
+            "histograms_equal": bool(histograms_equal),
+        }
     return out
 
 
@@ -140,8 +171,9 @@ def gpt2(device: torch.device, dry_run: bool) -> torch.nn.Module:
 class Variant:
     """One measured configuration: its own model, optimizer and (for tensorlens) hook."""
 
-    def __init__(self, name: str, base: torch.nn.Module, collections: tuple[str, ...] | None, chosen: str | None,
-                 out_dir: str) -> None:
+    def __init__(
+        self, name: str, base: torch.nn.Module, collections: tuple[str, ...] | None, chosen: str | None, out_dir: str
+    ) -> None:
         self.name, self.chosen, self.collections = name, chosen, collections
         self.model = copy.deepcopy(base)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
@@ -154,15 +186,22 @@ class Variant:
         optimizer that steps after it is created)."""
         if self.collections is not None:
             with stats_path(self.chosen):
-                self.hook = tl.watch(self.model, collections=list(self.collections), save_interval=1,
-                                     histograms=tl.HistogramConfig(bins=64), backends=["local"],
-                                     out_dir=os.path.join(self.out_dir, self.name.replace("[", "-").replace("]", "")))
+                self.hook = tl.watch(
+                    self.model,
+                    collections=list(self.collections),
+                    save_interval=1,
+                    histograms=tl.HistogramConfig(bins=64),
+                    backends=["local"],
+                    out_dir=os.path.join(self.out_dir, self.name.replace("[", "-").replace("]", "")),
+                )
 
     def step(self, batch: torch.Tensor, device: torch.device) -> None:
         with stats_path(self.chosen):
             with torch.autocast(device.type, dtype=torch.bfloat16):
                 logits = self.model(input_ids=batch).logits
-                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch.reshape(-1))
+                loss = torch.nn.functional.cross_entropy(
+                    logits.reshape(-1, logits.shape[-1]).float(), batch.reshape(-1)
+                )
             loss.backward()
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -182,8 +221,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def pick_batch(base: torch.nn.Module, device: torch.device, seq: int, vocab: int, dry_run: bool, tmp: str,
-               chosen: str) -> tuple[int, list[dict[str, Any]]]:
+def pick_batch(
+    base: torch.nn.Module, device: torch.device, seq: int, vocab: int, dry_run: bool, tmp: str, chosen: str
+) -> tuple[int, list[dict[str, Any]]]:
     """The largest batch whose recorded step (activations on) peaks under 85 % of the GPU's memory
     with room for the other variants' models (``len(VARIANTS)`` copies of weights and Adam state)."""
     if device.type != "cuda" or dry_run:
@@ -219,8 +259,9 @@ def pick_batch(base: torch.nn.Module, device: torch.device, seq: int, vocab: int
 # ------------------------------------------------------------------------------------ 2. syncs
 
 
-def sync_check(base: torch.nn.Module, device: torch.device, seq: int, vocab: int, batch: int, paths: list[str],
-               tmp: str) -> dict[str, Any]:
+def sync_check(
+    base: torch.nn.Module, device: torch.device, seq: int, vocab: int, batch: int, paths: list[str], tmp: str
+) -> dict[str, Any]:
     """A saved step under set_sync_debug_mode("error"), its one copy to the host excepted; and the
     syncs of a saved step counted under "warn" against the plain loop's."""
     if device.type != "cuda":
@@ -279,9 +320,20 @@ def sync_check(base: torch.nn.Module, device: torch.device, seq: int, vocab: int
 # ------------------------------------------------------------------------------------ 3. overhead
 
 
-def overhead(base: torch.nn.Module, device: torch.device, seq: int, vocab: int, batch: int, paths: list[str],
-             budget_s: float, block: int, warmup: int, tmp: str, min_rounds: int,
-             on_round: Any = None) -> dict[str, Any]:
+def overhead(
+    base: torch.nn.Module,
+    device: torch.device,
+    seq: int,
+    vocab: int,
+    batch: int,
+    paths: list[str],
+    budget_s: float,
+    block: int,
+    warmup: int,
+    tmp: str,
+    min_rounds: int,
+    on_round: Any = None,
+) -> dict[str, Any]:
     """The interleaved rounds; ``on_round(summary)`` after each (a run stopped halfway keeps them)."""
     specs = [("baseline", None, None), ("baseline_control", None, None)]
     specs += [(f"weights_grads[{p}]", PARAMETERS, p) for p in paths]
@@ -298,7 +350,7 @@ def overhead(base: torch.nn.Module, device: torch.device, seq: int, vocab: int, 
     start, rounds = time.perf_counter(), 0
     per_round: list[dict[str, float]] = []
     while rounds < min_rounds or time.perf_counter() - start < budget_s:
-        order = variants[rounds % len(variants):] + variants[: rounds % len(variants)]
+        order = variants[rounds % len(variants) :] + variants[: rounds % len(variants)]
         times = {}
         for v in order:
             _sync(device)
@@ -323,8 +375,10 @@ def _summary(per_round: list[dict[str, float]], names: list[str], block: int, ba
         ratios = [r[name] / r["baseline"] for r in per_round]
         quartiles = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
         result["variants"][name] = {
-            "median_ratio": statistics.median(ratios), "mean_ratio": statistics.fmean(ratios),
-            "round_iqr": [quartiles[0], quartiles[2]], "median_step_ms": 1000 * statistics.median(r[name] for r in per_round),
+            "median_ratio": statistics.median(ratios),
+            "mean_ratio": statistics.fmean(ratios),
+            "round_iqr": [quartiles[0], quartiles[2]],
+            "median_step_ms": 1000 * statistics.median(r[name] for r in per_round),
         }
     return result
 
@@ -333,8 +387,12 @@ def _summary(per_round: list[dict[str, float]], names: list[str], block: int, ba
 
 
 def environment(device: torch.device) -> dict[str, Any]:
-    found: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__, "tensorlens": tl.__version__,
-                             "device": str(device)}
+    found: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "tensorlens": tl.__version__,
+        "device": str(device),
+    }
     if device.type == "cuda":
         found["gpu"] = torch.cuda.get_device_name(device)
         found["memory_gib"] = torch.cuda.get_device_properties(device).total_memory / 2**30
@@ -352,14 +410,20 @@ def environment(device: torch.device) -> dict[str, Any]:
 def table(results: dict[str, Any]) -> list[str]:
     lines = [f"{k}: {v}" for k, v in results["environment"].items()]
     lines.append(f"exactness on the device: {json.dumps(results.get('exactness'))}")
-    lines.append(f"syncs: {json.dumps({k: {f: v for f, v in r.items() if f != 'where'} if isinstance(r, dict) else r for k, r in results.get('syncs', {}).items()})}")
+    lines.append(
+        f"syncs: {json.dumps({k: {f: v for f, v in r.items() if f != 'where'} if isinstance(r, dict) else r for k, r in results.get('syncs', {}).items()})}"
+    )
     timing = results.get("overhead")
     if timing:
-        lines.append(f"GPT-2 124M, bf16 autocast, batch {timing['batch']} x {timing['seq']}, {timing['rounds']} rounds of "
-                     f"{timing['block']} steps (median of per-round ratios to the plain loop; round IQR)")
+        lines.append(
+            f"GPT-2 124M, bf16 autocast, batch {timing['batch']} x {timing['seq']}, {timing['rounds']} rounds of "
+            f"{timing['block']} steps (median of per-round ratios to the plain loop; round IQR)"
+        )
         for name, v in timing["variants"].items():
-            lines.append(f"  {name:<24} {v['median_ratio']:.3f}x  (mean {v['mean_ratio']:.3f}x, IQR {v['round_iqr'][0]:.3f}-"
-                         f"{v['round_iqr'][1]:.3f}x)  {v['median_step_ms']:.1f} ms/step")
+            lines.append(
+                f"  {name:<24} {v['median_ratio']:.3f}x  (mean {v['mean_ratio']:.3f}x, IQR {v['round_iqr'][0]:.3f}-"
+                f"{v['round_iqr'][1]:.3f}x)  {v['median_step_ms']:.1f} ms/step"
+            )
     return lines
 
 
@@ -372,7 +436,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-rounds", type=int, default=3)
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--batch", type=int, default=0, help="0: the largest that fits (probed)")
-    p.add_argument("--dry-run", action="store_true", help="a tiny GPT-2 on the CPU: checks the script, measures nothing")
+    p.add_argument(
+        "--dry-run", action="store_true", help="a tiny GPT-2 on the CPU: checks the script, measures nothing"
+    )
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.dry_run else "cpu")
     seq = 32 if args.dry_run else args.seq
@@ -406,14 +472,31 @@ def main(argv: list[str] | None = None) -> int:
         run_part("exactness", lambda: exactness(device, paths))
         base = gpt2(device, args.dry_run)
         vocab = base.config.vocab_size
-        batch, tried = (args.batch, []) if args.batch else pick_batch(base, device, seq, vocab, args.dry_run, tmp,
-                                                                      "triton" if "triton" in paths else "torch")
+        batch, tried = (
+            (args.batch, [])
+            if args.batch
+            else pick_batch(base, device, seq, vocab, args.dry_run, tmp, "triton" if "triton" in paths else "torch")
+        )
         results["batch_probe"] = tried
         print(f"batch {batch} (probed: {tried})", flush=True)
         run_part("syncs", lambda: sync_check(base, device, seq, vocab, batch, paths, tmp))
-        run_part("overhead", lambda: overhead(base, device, seq, vocab, batch, paths, 2.0 if args.dry_run else args.budget_s,
-                                              1 if args.dry_run else args.block, 1 if args.dry_run else args.warmup, tmp,
-                                              1 if args.dry_run else args.min_rounds, on_round=partial))
+        run_part(
+            "overhead",
+            lambda: overhead(
+                base,
+                device,
+                seq,
+                vocab,
+                batch,
+                paths,
+                2.0 if args.dry_run else args.budget_s,
+                1 if args.dry_run else args.block,
+                1 if args.dry_run else args.warmup,
+                tmp,
+                1 if args.dry_run else args.min_rounds,
+                on_round=partial,
+            ),
+        )
     print("\n".join(table(results)))
     return 0
 

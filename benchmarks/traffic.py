@@ -93,15 +93,28 @@ def step_tensors(layers: int, width: int, tokens: int, seed: int = 0) -> list[Te
     histogram = HistogramConfig(bins=64)
     jobs = []
     for layer in range(layers):
-        shapes = {"qkv": (3 * width, width), "proj": (width, width), "fc": (4 * width, width), "out": (width, 4 * width)}
+        shapes = {
+            "qkv": (3 * width, width),
+            "proj": (width, width),
+            "fc": (4 * width, width),
+            "out": (width, 4 * width),
+        }
         for kind in ("weights", "gradients"):
             for name, shape in shapes.items():
-                jobs.append(TensorJob(f"{kind}/{layer}.{name}.weight", [torch.randn(shape, generator=g)], stats, histogram))
-                jobs.append(TensorJob(f"{kind}/{layer}.{name}.bias", [torch.randn(shape[0], generator=g)], stats, histogram))
+                jobs.append(
+                    TensorJob(f"{kind}/{layer}.{name}.weight", [torch.randn(shape, generator=g)], stats, histogram)
+                )
+                jobs.append(
+                    TensorJob(f"{kind}/{layer}.{name}.bias", [torch.randn(shape[0], generator=g)], stats, histogram)
+                )
             for norm in ("ln1", "ln2"):
-                jobs.append(TensorJob(f"{kind}/{layer}.{norm}.weight", [torch.randn(width, generator=g)], stats, histogram))
+                jobs.append(
+                    TensorJob(f"{kind}/{layer}.{norm}.weight", [torch.randn(width, generator=g)], stats, histogram)
+                )
         for name, columns in (("attn", width), ("fc", 4 * width), ("mlp", width)):
-            jobs.append(TensorJob(f"activations/{layer}.{name}", [torch.randn(tokens, columns, generator=g)], stats, histogram))
+            jobs.append(
+                TensorJob(f"activations/{layer}.{name}", [torch.randn(tokens, columns, generator=g)], stats, histogram)
+            )
     return jobs
 
 
@@ -162,11 +175,19 @@ def measure(label: str, jobs: list[TensorJob]) -> dict[str, Any] | None:
         kernel_written = samples * 4 + len(jobs) * 9 * 8  # the sample gathered in the same read; the rows
     read, written = counter.read + kernel_read, counter.written + kernel_written
     return {
-        "path": label, "tensors": len(jobs), "values": values, "value_bytes": value_bytes,
-        "read_bytes_per_value": read / values, "written_bytes_per_value": written / values,
-        "reads_per_value": read / value_bytes, "writes_per_value": written / value_bytes,
-        "aten_ops": counter.ops, "aten_read_per_value": counter.read / values, "aten_written_per_value": counter.written / values,
-        "kernel_read_per_value": kernel_read / values, "kernel_written_per_value": kernel_written / values,
+        "path": label,
+        "tensors": len(jobs),
+        "values": values,
+        "value_bytes": value_bytes,
+        "read_bytes_per_value": read / values,
+        "written_bytes_per_value": written / values,
+        "reads_per_value": read / value_bytes,
+        "writes_per_value": written / value_bytes,
+        "aten_ops": counter.ops,
+        "aten_read_per_value": counter.read / values,
+        "aten_written_per_value": counter.written / values,
+        "kernel_read_per_value": kernel_read / values,
+        "kernel_written_per_value": kernel_written / values,
     }
 
 
@@ -195,11 +216,15 @@ def _pause_launches(counter: Traffic) -> Iterator[None]:
 
 
 def format_rows(results: list[dict[str, Any]]) -> list[str]:
-    lines = ["path       B read/value  B written/value  reads/value  writes/value  ATen ops  (of which ATen: read, written B/value)"]
+    lines = [
+        "path       B read/value  B written/value  reads/value  writes/value  ATen ops  (of which ATen: read, written B/value)"
+    ]
     for r in results:
-        lines.append(f"{r['path']:<10} {r['read_bytes_per_value']:>12.2f} {r['written_bytes_per_value']:>16.2f} "
-                     f"{r['reads_per_value']:>12.2f} {r['writes_per_value']:>13.2f} {r['aten_ops']:>9}  "
-                     f"({r['aten_read_per_value']:.2f}, {r['aten_written_per_value']:.2f})")
+        lines.append(
+            f"{r['path']:<10} {r['read_bytes_per_value']:>12.2f} {r['written_bytes_per_value']:>16.2f} "
+            f"{r['reads_per_value']:>12.2f} {r['writes_per_value']:>13.2f} {r['aten_ops']:>9}  "
+            f"({r['aten_read_per_value']:.2f}, {r['aten_written_per_value']:.2f})"
+        )
     return lines
 
 
@@ -222,8 +247,13 @@ def main(argv: list[str] | None = None) -> int:
         table += f"\n(not measured here: {', '.join(skipped)} cannot run on these tensors)"
     values = sum(job.pieces[0].numel() for job in jobs)
     header = f"{len(jobs)} tensors, {values:,} float32 values, one saved step (default reductions + l2, zero_fraction; 64 bins)"
-    payload = {"tensors": len(jobs), "values": values, "results": results, "skipped": skipped,
-               "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1"}
+    payload = {
+        "tensors": len(jobs),
+        "values": values,
+        "results": results,
+        "skipped": skipped,
+        "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
+    }
     if args.out:
         with open(args.out, "w") as f:
             json.dump(payload, f, indent=2)

@@ -23,7 +23,21 @@ import pytest
 import torch
 
 WORLD = 2
-STATS = ("min", "max", "mean", "std", "sum", "l1", "l2", "abs_min", "abs_std", "zero_fraction", "nan_count", "inf_count", "numel")
+STATS = (
+    "min",
+    "max",
+    "mean",
+    "std",
+    "sum",
+    "l1",
+    "l2",
+    "abs_min",
+    "abs_std",
+    "zero_fraction",
+    "nan_count",
+    "inf_count",
+    "numel",
+)
 
 
 def _data() -> dict[str, tuple[list[np.ndarray | None], bool, dict[str, Any]]]:
@@ -34,7 +48,11 @@ def _data() -> dict[str, tuple[list[np.ndarray | None], bool, dict[str, Any]]]:
     replicated = rng.normal(size=300)
     return {
         "act": ([rng.normal(size=5000) * 3, act1], True, {"bins": 16}),
-        "act32": ([rng.normal(size=90).astype(np.float32), rng.normal(size=4000).astype(np.float32)], True, {"bins": 8}),
+        "act32": (
+            [rng.normal(size=90).astype(np.float32), rng.normal(size=4000).astype(np.float32)],
+            True,
+            {"bins": 8},
+        ),
         "zeros": ([np.array([0.0, 1.0, 0.0]), np.array([0.0, -2.0])], True, {"bins": 4}),
         "replicated": ([replicated, replicated], False, {"bins": 8}),
         "only_rank1": ([None, rng.normal(size=600)], True, {"bins": 8}),
@@ -55,15 +73,21 @@ def _rank_part(rank: int) -> dict[str, Any]:
         reducer = CollectiveReducer()
         jobs = [
             TensorJob(name, [torch.from_numpy(pieces[rank])], STATS, HistogramConfig(**hist), partitioned=partitioned)
-            for name, (pieces, partitioned, hist) in _data().items() if pieces[rank] is not None
+            for name, (pieces, partitioned, hist) in _data().items()
+            if pieces[rank] is not None
         ]
         engine = StepStatistics()
         record = host_record(engine.compute(reducer.agree_jobs(jobs), reducer))
         out[chosen] = {
-            "path": engine._plan.path, "on_triton": len(engine._plan.triton),
-            "scalars": {f"{t}/{s}": v for (t, s), v in zip(record.scalar_names, record.scalar_values.tolist(), strict=True)},
-            "histograms": {h.tensor: {"counts": h.counts, "edges": h.edges, "underflow": h.underflow, "overflow": h.overflow}
-                           for h in record.histograms},
+            "path": engine._plan.path,
+            "on_triton": len(engine._plan.triton),
+            "scalars": {
+                f"{t}/{s}": v for (t, s), v in zip(record.scalar_names, record.scalar_values.tolist(), strict=True)
+            },
+            "histograms": {
+                h.tensor: {"counts": h.counts, "edges": h.edges, "underflow": h.underflow, "overflow": h.overflow}
+                for h in record.histograms
+            },
         }
     return out
 
@@ -71,8 +95,13 @@ def _rank_part(rank: int) -> dict[str, Any]:
 def _worker_main(argv: list[str]) -> None:
     rank, port, out = int(argv[0]), int(argv[1]), Path(argv[2])
     torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                                         timeout=datetime.timedelta(seconds=120))
+    torch.distributed.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=datetime.timedelta(seconds=120),
+    )
     try:
         result = _rank_part(rank)
         torch.distributed.barrier()
@@ -89,14 +118,25 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
         pytest.skip("needs torch.distributed with gloo")
     if not (path.triton_importable() and path.interpreting()):
-        pytest.skip("needs the Triton path on CPU tensors: triton installed and TRITON_INTERPRET=1 (as .ci/run runs it)")
+        pytest.skip(
+            "needs the Triton path on CPU tensors: triton installed and TRITON_INTERPRET=1 (as .ci/run runs it)"
+        )
     out = tmp_path_factory.mktemp("triton-ddp")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1"}
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), str(rank), str(port), str(out)], env=env, cwd=out,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(WORLD)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), str(rank), str(port), str(out)],
+            env=env,
+            cwd=out,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(WORLD)
+    ]
     logs = [proc.communicate(timeout=300)[0] for proc in procs]
     for proc, log in zip(procs, logs, strict=True):
         assert proc.returncode == 0, log[-4000:]
@@ -118,13 +158,26 @@ def test_merged_statistics_are_numpys_of_the_concatenation(results) -> None:
     for name, (pieces, partitioned, _) in _data().items():
         whole = np.concatenate([p.astype(np.float64) for p in pieces if p is not None]) if partitioned else pieces[0]
         with np.errstate(all="ignore"):
-            expected = {"min": whole.min(), "max": whole.max(), "mean": whole.mean(), "std": whole.std(), "sum": whole.sum(),
-                        "l1": np.abs(whole).sum(), "l2": np.sqrt((whole * whole).sum()), "abs_min": np.abs(whole).min(),
-                        "abs_std": np.abs(whole).std(), "zero_fraction": (whole == 0).mean(),
-                        "nan_count": float(np.isnan(whole).sum()), "inf_count": float(np.isinf(whole).sum()), "numel": whole.size}
+            expected = {
+                "min": whole.min(),
+                "max": whole.max(),
+                "mean": whole.mean(),
+                "std": whole.std(),
+                "sum": whole.sum(),
+                "l1": np.abs(whole).sum(),
+                "l2": np.sqrt((whole * whole).sum()),
+                "abs_min": np.abs(whole).min(),
+                "abs_std": np.abs(whole).std(),
+                "zero_fraction": (whole == 0).mean(),
+                "nan_count": float(np.isnan(whole).sum()),
+                "inf_count": float(np.isinf(whole).sum()),
+                "numel": whole.size,
+            }
         rel = 1e-5 if name == "act32" else 1e-9
         for stat, want in expected.items():
-            np.testing.assert_allclose(scalars[f"{name}/{stat}"], want, rtol=rel, atol=1e-12, equal_nan=True, err_msg=f"{name}/{stat}")
+            np.testing.assert_allclose(
+                scalars[f"{name}/{stat}"], want, rtol=rel, atol=1e-12, equal_nan=True, err_msg=f"{name}/{stat}"
+            )
 
 
 def test_histograms_equal_pytorch_ops_to_the_bit(results) -> None:

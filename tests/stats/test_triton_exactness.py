@@ -35,8 +35,11 @@ from tensorlens.stats.triton.rows import TRITON_COLUMNS
 if not path.triton_importable():
     pytest.skip("triton is not installed (pip install --no-deps triton==3.9.0)", allow_module_level=True)
 if not path.interpreting():
-    pytest.skip("the Triton kernels read CPU tensors only in Triton's interpreter: run with TRITON_INTERPRET=1 "
-                "(as .ci/run does)", allow_module_level=True)
+    pytest.skip(
+        "the Triton kernels read CPU tensors only in Triton's interpreter: run with TRITON_INTERPRET=1 "
+        "(as .ci/run does)",
+        allow_module_level=True,
+    )
 
 #: Every declared statistic the fused kernels compute (median and product take PyTorch ops).
 TRITON_STATS = tuple(name for name in STATISTICS if needed_columns((name,)) <= TRITON_COLUMNS)
@@ -54,7 +57,9 @@ def triton_path(monkeypatch):
 
 def compute(tensors: list[torch.Tensor], stats=TRITON_STATS, histogram: HistogramConfig | None = None, sync_free=False):
     engine = StepStatistics(sync_free=sync_free)
-    record = host_record(engine.compute([TensorJob(f"t/{i}", [t], tuple(stats), histogram) for i, t in enumerate(tensors)]))
+    record = host_record(
+        engine.compute([TensorJob(f"t/{i}", [t], tuple(stats), histogram) for i, t in enumerate(tensors)])
+    )
     assert engine._plan.path == "triton" and engine._plan.triton == list(range(len(tensors))), "not on the Triton path"
     return record, engine
 
@@ -67,7 +72,13 @@ def check(tensors: list[torch.Tensor], sync_free: bool = False) -> StepStatistic
         for stat in TRITON_STATS:
             rtol, atol = tolerance(stat, a, tensor.dtype)
             got = record.scalar(f"t/{i}", stat)
-            assert np.isclose(got, reference[stat], rtol=rtol, atol=atol, equal_nan=True), (i, stat, tensor.dtype, got, reference[stat])
+            assert np.isclose(got, reference[stat], rtol=rtol, atol=atol, equal_nan=True), (
+                i,
+                stat,
+                tensor.dtype,
+                got,
+                reference[stat],
+            )
     return engine
 
 
@@ -86,8 +97,12 @@ def test_every_dtype_and_shape_matches_numpy(dtype: torch.dtype, sync_free: bool
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_nan_and_inf_are_counted_and_propagate_like_numpy(dtype: torch.dtype) -> None:
     values = [1.0, math.nan, -2.0, math.inf, 0.0, -math.inf, math.nan]
-    tensors = [torch.tensor(values, dtype=dtype), torch.tensor([1.0, math.inf, 3.0], dtype=dtype),
-               torch.tensor([-math.inf, math.inf], dtype=dtype), torch.full((5,), math.nan, dtype=dtype)]
+    tensors = [
+        torch.tensor(values, dtype=dtype),
+        torch.tensor([1.0, math.inf, 3.0], dtype=dtype),
+        torch.tensor([-math.inf, math.inf], dtype=dtype),
+        torch.full((5,), math.nan, dtype=dtype),
+    ]
     poisoned = torch.randn(200_000, dtype=torch.float64).to(dtype)
     poisoned[77_777], poisoned[150_001] = math.nan, math.inf  # in different items of a large tensor
     tensors.append(poisoned)
@@ -102,12 +117,15 @@ def test_nan_and_inf_are_counted_and_propagate_like_numpy(dtype: torch.dtype) ->
 
 def test_huge_and_tiny_values_and_a_large_offset() -> None:
     torch.manual_seed(1)
-    check([
-        torch.full((4096,), 3e38),  # a float32 block sum overflows; the float64 merge does not
-        torch.randn(5000) * 1e-30, torch.randn(5000, dtype=torch.float64) * 1e150,
-        torch.tensor([1e-45, -1e-45, 0.0]),  # float32 subnormals
-        torch.randn(100_000, dtype=torch.float64).float() * 1e-3 + 1e4,  # mean >> std: the variance survives
-    ])
+    check(
+        [
+            torch.full((4096,), 3e38),  # a float32 block sum overflows; the float64 merge does not
+            torch.randn(5000) * 1e-30,
+            torch.randn(5000, dtype=torch.float64) * 1e150,
+            torch.tensor([1e-45, -1e-45, 0.0]),  # float32 subnormals
+            torch.randn(100_000, dtype=torch.float64).float() * 1e-3 + 1e4,  # mean >> std: the variance survives
+        ]
+    )
 
 
 def test_three_million_values_are_split_into_items_and_merged_exactly() -> None:
@@ -136,9 +154,13 @@ def test_ten_thousand_tiny_tensors_in_one_step() -> None:
         warnings.simplefilter("ignore", RuntimeWarning)  # numpy: "All-NaN slice" of the empty rows
         mean = np.nansum(padded, 1) / n
         expected = {
-            "min": np.nanmin(padded, 1), "max": np.nanmax(padded, 1), "mean": mean,
-            "std": np.sqrt(np.nansum((padded - mean[:, None]) ** 2, 1) / n), "l2": np.sqrt(np.nansum(padded**2, 1)),
-            "zero_fraction": np.nansum(padded == 0, 1) / n, "nan_count": np.zeros(len(arrays)),
+            "min": np.nanmin(padded, 1),
+            "max": np.nanmax(padded, 1),
+            "mean": mean,
+            "std": np.sqrt(np.nansum((padded - mean[:, None]) ** 2, 1) / n),
+            "l2": np.sqrt(np.nansum(padded**2, 1)),
+            "zero_fraction": np.nansum(padded == 0, 1) / n,
+            "nan_count": np.zeros(len(arrays)),
             "abs_min": np.nanmin(np.abs(padded), 1),
         }
     for stat, want in expected.items():
@@ -155,14 +177,19 @@ def test_histograms_are_exact_and_the_same_bits_as_pytorch_ops(dtype: torch.dtyp
     """numpy bins the sample into the recorded counts with the recorded edges, and the counts and
     edges equal those of PyTorch ops on the path a GPU takes, to the bit."""
     g = torch.Generator().manual_seed(4)
-    tensors = [(torch.randn(n, generator=g, dtype=torch.float64) * 10.0**e + c).to(dtype)
-               for n, e, c in ((100_003, 0, 0.0), (999, -6, 1.0), (5, 3, -7.0), (0, 0, 0.0), (4096, -30, 0.0), (1, 0, 2.0))]
+    tensors = [
+        (torch.randn(n, generator=g, dtype=torch.float64) * 10.0**e + c).to(dtype)
+        for n, e, c in ((100_003, 0, 0.0), (999, -6, 1.0), (5, 3, -7.0), (0, 0, 0.0), (4096, -30, 0.0), (1, 0, 2.0))
+    ]
     tensors.append(torch.randn(512, 300, generator=g).to(dtype))  # strided across a matrix's columns
     config = HistogramConfig(bins=bins)
     record, _ = compute(tensors, ("mean",), config)
     monkeypatch.setenv("TENSORLENS_STATS_PATH", "torch")
-    reference = host_record(StepStatistics(sync_free=True).compute(
-        [TensorJob(f"t/{i}", [t], ("mean",), config) for i, t in enumerate(tensors)]))
+    reference = host_record(
+        StepStatistics(sync_free=True).compute(
+            [TensorJob(f"t/{i}", [t], ("mean",), config) for i, t in enumerate(tensors)]
+        )
+    )
     for i, t in enumerate(tensors):
         flat = t.float().reshape(-1) if dtype == torch.bfloat16 else t.reshape(-1)
         sample = flat[:: sample_stride(flat.numel(), config.sample, t.shape[-1] if t.dim() else 1)].double().numpy()
@@ -237,8 +264,13 @@ def test_activations_reduced_in_their_hook_are_read_in_their_own_dtype(tmp_path)
     torch.manual_seed(8)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU()).to(torch.bfloat16)
     memory = tl.MemoryBackend()
-    hook = tl.Hook(out_dir=tmp_path / "run", backends=[memory], include_collections=["activations"],
-                   save_config=tl.SaveConfig(save_interval=1), reduction_config=tl.ReductionConfig(reductions=("mean", "std", "min", "max")))
+    hook = tl.Hook(
+        out_dir=tmp_path / "run",
+        backends=[memory],
+        include_collections=["activations"],
+        save_config=tl.SaveConfig(save_interval=1),
+        reduction_config=tl.ReductionConfig(reductions=("mean", "std", "min", "max")),
+    )
     hook.register_module(model)
     seen = {}
     model[1].register_forward_hook(lambda m, i, o: seen.update(relu=o.detach().double().numpy().copy()))
@@ -265,7 +297,9 @@ def test_the_traffic_benchmark_counts_one_read_per_value_on_the_triton_path() ->
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("traffic", Path(__file__).resolve().parents[2] / "benchmarks" / "traffic.py")
+    spec = importlib.util.spec_from_file_location(
+        "traffic", Path(__file__).resolve().parents[2] / "benchmarks" / "traffic.py"
+    )
     traffic = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(traffic)
     jobs = [TensorJob("a", [torch.randn(1 << 20)], ("min", "max", "mean", "std", "zero_fraction"), None)]

@@ -82,7 +82,8 @@ def test_an_unknown_value_warns_once_and_means_auto(clean) -> None:
         for _ in range(3):
             assert path.requested() == "auto"
     assert tensorlens_warnings(caught) == [
-        "tensorlens: TENSORLENS_STATS_PATH='cuda' is not one of auto, native, triton, torch: using auto"]
+        "tensorlens: TENSORLENS_STATS_PATH='cuda' is not one of auto, native, triton, torch: using auto"
+    ]
 
 
 def test_native_asked_for_gpu_tensors_says_it_reads_cpu_tensors_only(clean) -> None:
@@ -137,24 +138,32 @@ def test_without_triton_the_core_imports_and_falls_back_cleanly(tmp_path) -> Non
         assert abs(record.scalar("x", "mean") - x.double().mean().item()) < 1e-6
     """)
     env = {**os.environ, "TENSORLENS_STATS_PATH": "triton", "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_importing_tensorlens_does_not_import_triton(tmp_path) -> None:
-    script = ("import sys, torch, tensorlens as tl\n"
-              "from tensorlens.compute.jobs import TensorJob\n"
-              "from tensorlens.compute.step import StepStatistics\n"
-              "StepStatistics().compute([TensorJob('x', [torch.randn(10)], ('mean',))])\n"
-              "assert 'triton' not in sys.modules, 'triton imported by the core'\n")
+    script = (
+        "import sys, torch, tensorlens as tl\n"
+        "from tensorlens.compute.jobs import TensorJob\n"
+        "from tensorlens.compute.step import StepStatistics\n"
+        "StepStatistics().compute([TensorJob('x', [torch.randn(10)], ('mean',))])\n"
+        "assert 'triton' not in sys.modules, 'triton imported by the core'\n"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("TENSORLENS_STATS_PATH", "TRITON_INTERPRET")}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_an_unsupported_dtype_falls_back_per_tensor_with_one_warning(clean) -> None:
     if not (path.triton_importable() and path.interpreting()):
-        pytest.skip("needs the Triton path on CPU tensors: triton installed and TRITON_INTERPRET=1 (as .ci/run runs it)")
+        pytest.skip(
+            "needs the Triton path on CPU tensors: triton installed and TRITON_INTERPRET=1 (as .ci/run runs it)"
+        )
     clean.setenv("TENSORLENS_STATS_PATH", "triton")
     tensors = [torch.randn(300), torch.arange(50), torch.randn(20, dtype=torch.float64), torch.arange(9) * 3]
     with warnings.catch_warnings(record=True) as caught:
@@ -181,8 +190,13 @@ def test_the_run_metadata_and_show_name_the_path(chosen: str | None, clean, tmp_
     hook.close()
     with tl.open_run(hook.run_dir) as run:
         assert run.metadata()["config"]["stats_path"] == expected
-    done = subprocess.run([sys.executable, "-m", "tensorlens", "show", str(hook.run_dir)], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "tensorlens", "show", str(hook.run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0].endswith(f"statistics: {expected}")
 
@@ -238,5 +252,7 @@ def test_the_kernels_compile_for_a_gpu_without_one(tmp_path) -> None:
         pytest.skip("triton is not installed (pip install --no-deps triton==3.9.0)")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(tmp_path / "cache"), TRITON_DEFAULT_FP_FUSION="1")
-    done = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILE], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
+    )
     assert done.returncode == 0 and "compiled" in done.stdout, done.stdout + done.stderr[-4000:]
