@@ -245,3 +245,29 @@ def test_a_server_killed_mid_sync_fails_in_seconds_and_the_next_sync_resumes(tmp
         assert client.get_run(again.run_id).info.status == "FINISHED"
     finally:
         mlflow_tests._stop(server)
+
+
+def test_the_command_takes_the_payload_choice(tmp_path: Path) -> None:
+    """``--tracker-stats``: the default view, every stored series, or named statistics; a bad
+    choice is one error line."""
+    run_dir = train(str(tmp_path / "run"), ["local"], steps=3)
+    with tl.open_run(run_dir) as stored:
+        stored_series = {(str(r.mode), t, s) for r in stored.records() for t, s in r.scalar_names}
+    got = {}
+    for choice in ("default", "all", "l2"):
+        uri = f"sqlite:///{tmp_path / f'{choice}.db'}"
+        done = cli("sync", run_dir, "--to", "mlflow", "--tracking-uri", uri, "--tracker-stats", choice, "--no-progress",
+                   "--artifact-location", (tmp_path / f"artifacts-{choice}").as_uri(), "--experiment", choice)
+        assert done.returncode == 0, done.stderr
+        client = MlflowClient(uri)
+        (run,) = client.search_runs([client.get_experiment_by_name(choice).experiment_id])
+        got[choice] = set(run.data.metrics)
+    assert "tensorlens-gradients/0.weight/l2" in got["all"] and "tensorlens-gradients/0.weight/l2" in got["l2"]
+    assert not [k for k in got["default"] if k.startswith(("tensorlens-gradients/", "tensorlens-weights/"))]
+    assert not [k for k in got["l2"] if k.endswith("/mean") and k.startswith("tensorlens-gradients/")]
+    modes = {mode for mode, _, _ in stored_series}
+    assert len(got["all"]) == len(stored_series) + len(modes)  # and each mode's nonfinite_count
+    assert got["default"] < got["all"] and got["l2"] < got["all"]
+    bad = cli("sync", run_dir, "--to", "mlflow", "--tracking-uri", f"sqlite:///{tmp_path / 'bad.db'}",
+              "--tracker-stats", "l2/x", "--no-progress")
+    assert "tracker_stats" in one_error_line(bad)
