@@ -13,8 +13,9 @@ recorded, so a NaN is never hidden.
 
 Precision: float16/bfloat16 are widened to float32, integers and bools to float64. CPU float
 tensors go to the compiled kernel (:mod:`tensorlens.native`: blocks of 4096 values accumulated in
-their own precision, merged in float64); everything else to PyTorch's pairwise (cascade)
-reductions in float32 (float64 for float64 tensors). Either way the variance is the corrected
+their own precision, merged in float64), GPU tensors where triton imports to the Triton kernels
+(:mod:`tensorlens.stats.triton`: the same blocks and merge); everything else to PyTorch's pairwise
+(cascade) reductions in float32 (float64 for float64 tensors). :mod:`tensorlens.stats.path` chooses. Either way the variance is the corrected
 two-pass algorithm (around the mean), so a constant tensor has variance 0 and large offsets do
 not cancel. Variance and std are population statistics (numpy's ``ddof=0``).
 """

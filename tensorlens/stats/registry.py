@@ -8,8 +8,9 @@ micro-batches, repeated module calls and ranks by each column's ``merge`` rule. 
 To add a statistic computed from the existing columns: one :func:`statistic` declaration here and
 a test against numpy (``tests/stats/``). A statistic that needs a new column also declares the
 column here, with its ``compute`` (a function over a block of flat values): the PyTorch path
-(:mod:`tensorlens.stats.torch_rows`, which every GPU and the sparse path use) calls it, and the
-compiled kernel leaves tensors that need such a column to that path, so nothing else changes
+(:mod:`tensorlens.stats.torch_rows`, which a GPU without triton and the sparse path use) calls it,
+and the compiled kernel and the Triton kernels (:mod:`tensorlens.stats.triton`) leave tensors that
+need such a column to that path, so nothing else changes
 (``tests/stats/test_declared_column.py`` adds one this way). Statistics across the tensors of a
 step or across steps live in :mod:`tensorlens.stats.derived`; views of stored data (quantiles,
 thinning) in :mod:`tensorlens.stats.views`.
@@ -37,8 +38,8 @@ class Column:
     tensor of ``k`` tensors' flat values (their compute dtype, on their device; ``n`` may be 0),
     with torch ops only (no ``.item()``, nothing whose size depends on the data: a GPU must not
     wait). ``None`` for the columns below, which the fused paths compute themselves (the PyTorch
-    rows in a few shared passes, the compiled kernel in one read); a column declared with a
-    ``compute`` is computed by the PyTorch path, the compiled kernel leaving such tensors to it.
+    rows in a few shared passes, the compiled kernel and the Triton kernels in one read); a column
+    declared with a ``compute`` is computed by the PyTorch path, the kernels leaving such tensors to it.
 
     >>> Column("positive_count", "sum", "values > 0", compute=lambda x: (x > 0).sum(1))  # doctest: +SKIP
     """
