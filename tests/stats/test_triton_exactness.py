@@ -306,3 +306,40 @@ def test_the_traffic_benchmark_counts_one_read_per_value_on_the_triton_path() ->
     triton, torch_ops = traffic.measure("triton", jobs), traffic.measure("torch", jobs)
     assert triton["reads_per_value"] < 1.01 and triton["writes_per_value"] < 0.01, triton
     assert torch_ops["reads_per_value"] > 9 and torch_ops["writes_per_value"] > 3, torch_ops
+
+
+def test_a_declared_column_leaves_only_its_tensors_to_pytorch_ops(tmp_path) -> None:
+    """A statistic over a column declared with its own ``compute`` (tests/stats/test_declared_column.py)
+    is recorded on the Triton path too: the tensors that ask for it take PyTorch ops, the others the
+    kernels, each statistic numpy's."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from test_declared_column import DECLARE
+
+    code = textwrap.dedent("""
+        import numpy as np, torch
+        from tensorlens.compute.jobs import TensorJob
+        from tensorlens.compute.step import StepStatistics
+        from tensorlens.dispatch.assemble import host_record
+
+        g = torch.Generator().manual_seed(0)
+        tensors = [torch.randn(n, generator=g) for n in (7, 3000, 70_001)]
+        jobs = [TensorJob(f"a/{i}", [t], ("positive_fraction", "mean")) for i, t in enumerate(tensors)]
+        jobs += [TensorJob(f"b/{i}", [t], ("mean", "std")) for i, t in enumerate(tensors)]
+        engine = StepStatistics()
+        record = host_record(engine.compute(jobs))
+        assert engine._plan.path == "triton" and engine._plan.triton == [3, 4, 5] and engine._plan.torch == [0, 1, 2]
+        for i, t in enumerate(tensors):
+            a = t.double().numpy()
+            assert record.scalar(f"a/{i}", "positive_fraction") == (a > 0).mean()
+            assert abs(record.scalar(f"a/{i}", "mean") - a.mean()) < 1e-6
+            assert abs(record.scalar(f"b/{i}", "std") - a.std()) < 1e-5 * a.std()
+        print("ok")
+    """)
+    env = {**os.environ, "TENSORLENS_STATS_PATH": "triton", "TRITON_INTERPRET": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", DECLARE + code], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
+    )
+    assert done.returncode == 0 and "ok" in done.stdout, done.stdout + done.stderr[-4000:]
