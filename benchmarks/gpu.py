@@ -265,12 +265,25 @@ def pick_batch(
 
 
 def sync_check(
-    base: torch.nn.Module, device: torch.device, seq: int, vocab: int, batch: int, paths: list[str], tmp: str
+    base: torch.nn.Module,
+    device: torch.device,
+    seq: int,
+    vocab: int,
+    batch: int,
+    paths: list[str],
+    tmp: str,
+    dry_run: bool = False,
 ) -> dict[str, Any]:
     """A saved step under set_sync_debug_mode("error"), its one copy to the host excepted; and the
     syncs of a saved step counted under "warn" against the plain loop's."""
-    if device.type != "cuda":
+    if device.type != "cuda" and not dry_run:
         return {"skipped": "not a CUDA device"}
+    cuda = device.type == "cuda"  # a dry run on a CPU goes through the same steps, the modes left alone
+
+    def set_mode(mode: str | int) -> None:
+        if cuda:
+            torch.cuda.set_sync_debug_mode(mode)
+
     tokens = torch.randint(0, vocab, (batch, seq), device=device)
     out: dict[str, Any] = {}
     original = StepStatistics._to_host
@@ -278,12 +291,12 @@ def sync_check(
 
     def allowed_copy(self: StepStatistics, tensor: torch.Tensor):  # noqa: ANN202 - the step's one copy, allowed
         copies["n"] += 1
-        mode = torch.cuda.get_sync_debug_mode()
-        torch.cuda.set_sync_debug_mode(0)
+        mode = torch.cuda.get_sync_debug_mode() if cuda else 0
+        set_mode(0)
         try:
             return original(self, tensor)
         finally:
-            torch.cuda.set_sync_debug_mode(mode)
+            set_mode(mode)
 
     for name, collections, chosen in [("plain", None, None)] + [(f"full[{p}]", FULL, p) for p in paths]:
         variant = Variant(f"sync-{name}", base, collections, chosen, tmp)
@@ -299,14 +312,14 @@ def sync_check(
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 try:
-                    torch.cuda.set_sync_debug_mode("error")
+                    set_mode("error")
                     variant.step(tokens, device)
                     result["error_mode"] = "no sync"
                 except RuntimeError as err:
                     result["error_mode"] = f"synced: {str(err).splitlines()[0]}"
                     result["where"] = traceback.format_exc()[-1500:]
                 finally:
-                    torch.cuda.set_sync_debug_mode(0)
+                    set_mode(0)
             # tensorlens never lets a failed statistic take the step down: a sync it caught is a warning
             caught_by_tensorlens = [str(w.message)[:300] for w in caught if str(w.message).startswith("tensorlens")]
             result["tensorlens_warnings"] = caught_by_tensorlens
@@ -315,13 +328,13 @@ def sync_check(
             result["copies_in_step"] = copies["n"]
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                torch.cuda.set_sync_debug_mode("warn")
+                set_mode("warn")
                 try:
                     variant.step(tokens, device)
                 except Exception as err:
                     result["warn_mode_error"] = f"{type(err).__name__}: {str(err)[:300]}"
                 finally:
-                    torch.cuda.set_sync_debug_mode(0)
+                    set_mode(0)
             result["syncs_counted_under_warn"] = sum("synchroniz" in str(w.message) for w in caught)
             out[name] = result
         finally:
@@ -495,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
             batch, tried = 8, [{"failed": traceback.format_exc()[-2000:]}]
         results["batch_probe"] = tried
         print(f"batch {batch} (probed: {tried})", flush=True)
-        run_part("syncs", lambda: sync_check(base, device, seq, vocab, batch, paths, tmp))
+        run_part("syncs", lambda: sync_check(base, device, seq, vocab, batch, paths, tmp, args.dry_run))
         run_part(
             "overhead",
             lambda: overhead(
