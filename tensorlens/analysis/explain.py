@@ -74,7 +74,7 @@ from tensorlens.findings import Finding
 from tensorlens.store.reader import Run, open_run
 from tensorlens.store.validate import scalar_values
 
-__all__ = ["Cause", "Event", "Explanation", "attach_causes", "explain"]
+__all__ = ["Cause", "Event", "Explanation", "TrailingSteps", "attach_causes", "explain"]
 
 #: A loss spike is also this many times the trailing median, and needs this many values before
 #: it: the ``LossSpike`` rule's defaults, so that its finding and ``explain``'s event agree.
@@ -359,6 +359,20 @@ def _explain(
             "(tl.watch(model, loss_fn) or hook.register_loss records one)"
         )
         return Explanation(run.path, None, [], f"no event: {what}", window, threshold, read)
+    return _explain_recent(run.path, list(recent), event, top, window, threshold, lookback, read)
+
+
+def _explain_recent(
+    path: str,
+    recent: list[tuple[int, _Plan, np.ndarray]],
+    event: Event,
+    top: int,
+    window: int,
+    threshold: float,
+    lookback: int,
+    read: int,
+) -> Explanation:
+    """The causes of ``event`` (at the last of ``recent``, the saved steps before it and its own)."""
     steps = [s for s, _, _ in recent]
     plans = list({id(plan): plan for _, plan, _ in recent}.values())  # one per layout, usually one in all
     series = list(dict.fromkeys(name for plan in plans for name in plan.series))
@@ -385,7 +399,7 @@ def _explain(
             else ""
         )
     )
-    return Explanation(run.path, event, causes[:top], message, window, threshold, read)
+    return Explanation(path, event, causes[:top], message, window, threshold, read)
 
 
 #: The rules whose findings mark an event worth explaining (:func:`attach_causes`).
@@ -446,3 +460,40 @@ def attach_causes(
         text = said.get(start[(f.rule, f.step)], "") if id(f) in mine else ""
         out.append(dataclasses.replace(f, message=f"{f.message}; {text}") if text else f)
     return out
+
+
+class TrailingSteps:
+    """The last saved train steps of a run in training, so that a rule firing online can say what
+    moved first (:class:`~tensorlens.rules.online.RuleRunner` feeds it every saved train record and
+    asks it when a rule of :data:`EVENT_RULES` fires): the same method as :func:`explain` with the
+    firing step as the event, over at most ``window + lookback + 1`` steps held in memory (the
+    records' own scalar arrays, not copies)."""
+
+    def __init__(self, window: int = 20, threshold: float = 6.0, lookback: int | None = None) -> None:
+        self.window, self.threshold = window, float(threshold)
+        self.lookback = window if lookback is None else lookback
+        self._recent: collections.deque[tuple[int, _Plan, np.ndarray]] = collections.deque(
+            maxlen=self.window + self.lookback + 1
+        )
+        self._plans: dict[int, tuple[tuple[tuple[str, str], ...], _Plan]] = {}  # id(names) -> (names, plan)
+
+    def add(self, step: int, names: tuple[tuple[str, str], ...], values: np.ndarray) -> None:
+        """Keep one saved step's scalars (a record's ``scalar_names`` and ``scalar_values``)."""
+        kept = self._plans.get(id(names))
+        if kept is None or kept[0] is not names:  # records of one layout share their names tuple
+            kept = self._plans[id(names)] = (names, _Plan(names))
+            if len(self._plans) > 64:  # layouts that no longer come back
+                self._plans = {id(names): kept}
+        self._recent.append((step, kept[1], np.asarray(values, dtype=np.float64)))
+
+    def previous_step(self) -> int | None:
+        """The saved step before the last one kept, if any."""
+        return self._recent[-2][0] if len(self._recent) > 1 else None
+
+    def explain(self, top: int = 3, run: str = "") -> Explanation:
+        """What moved first before the last step kept (the event)."""
+        if not self._recent:
+            return Explanation(run, None, [], "no saved step yet", self.window, self.threshold, 0)
+        event = Event(self._recent[-1][0], "given", detail="a rule fired")
+        recent = list(self._recent)
+        return _explain_recent(run, recent, event, top, self.window, self.threshold, self.lookback, len(recent))

@@ -19,6 +19,7 @@ queue of actions that :meth:`RuleRunner.take_action` empties on the training thr
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -29,6 +30,7 @@ from typing import Any, ClassVar
 from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, RunInfo
 from tensorlens.findings import Finding
+from tensorlens.modes import ModeKeys
 from tensorlens.records import StepRecord
 from tensorlens.rules.base import Rule
 from tensorlens.rules.defaults import default_rules, recorded_kinds
@@ -38,6 +40,8 @@ from tensorlens.rules.params import collection_of, kind_of
 logger = logging.getLogger("tensorlens.rules")
 #: ``rules=DEFAULT``: the default rules for what the run records, chosen when it opens.
 DEFAULT = "default"
+#: Rules whose online findings carry what moved first (tl.explain's method; offline: attach_causes).
+CAUSE_RULES = ("NonFiniteGradient", "GradientNormSpike", "LossSpike")
 
 
 class RuleRunner(Backend):
@@ -79,6 +83,8 @@ class RuleRunner(Backend):
         self._should_stop = False
         self._idle_stop = threading.Event()
         self._idle_thread: threading.Thread | None = None
+        self._trail: Any = None  # tl.explain's TrailingSteps, made when a rule of CAUSE_RULES runs
+        self._episodes: dict[str, tuple[int, str]] = {}  # rule -> (last step it fired, its causes)
 
     # ------------------------------------------------------------------ the backend side (its own thread)
 
@@ -99,8 +105,42 @@ class RuleRunner(Backend):
         if self._choose_defaults:  # no metadata said what is recorded: the first record does
             self._choose_defaults = False
             self.rules = default_rules({kind_of(t) or collection_of(t) for t, _ in record.scalar_names})
+        explaining = self._keep_for_causes(record)
         for rule in self.rules:
-            self._emit(rule, self._call(rule, "invoke_at_step", lambda rule=rule: rule.evaluate(record)))
+            found = self._call(rule, "invoke_at_step", lambda rule=rule: rule.evaluate(record))
+            if explaining and found and rule.name in CAUSE_RULES:
+                found = self._with_causes(rule.name, record.step, found)
+            self._emit(rule, found)
+
+    def _keep_for_causes(self, record: StepRecord) -> bool:
+        # findings of CAUSE_RULES carry what moved first to every tracker: the trailing saved train
+        # steps are kept here (a bounded window of the records' own arrays) to explain them online
+        if record.mode != ModeKeys.TRAIN or not any(rule.name in CAUSE_RULES for rule in self.rules):
+            return False
+        if self._trail is None:
+            from tensorlens.analysis.explain import TrailingSteps  # rules import no analysis at import time
+
+            self._trail = TrailingSteps()
+        self._trail.add(record.step, record.scalar_names, record.scalar_values)
+        return True
+
+    def _with_causes(self, rule: str, step: int, findings: list[Finding]) -> list[Finding]:
+        # one episode (a rule firing at consecutive saved steps: a NaN stays) is explained once, at
+        # its first step, as tl.explain's attach_causes does offline
+        last = self._episodes.get(rule)
+        if last is not None and last[0] == self._trail.previous_step():
+            text = last[1]
+        else:
+            try:
+                found = self._trail.explain(top=3)
+                text = found.summary(3) if found.causes else ""
+            except Exception as err:  # explaining is extra: the finding goes out without it
+                logger.warning("tensorlens: could not explain %s at step %s: %s: %s", rule, step, type(err).__name__, err)
+                text = ""
+        self._episodes[rule] = (step, text)
+        if not text:
+            return findings
+        return [dataclasses.replace(f, message=f"{f.message}; {text}") for f in findings]
 
     def close(self) -> None:
         self._idle_stop.set()

@@ -36,7 +36,10 @@ def _imports(path: str) -> set[str]:
 #: The one use of analysis by the rules, imported inside the function that needs it (never at
 #: import time, so neither package needs the other loaded first): offline ``evaluate`` hands its
 #: findings to ``tl.explain``'s ``attach_causes`` (what moved first before a NaN or a spike).
-ALLOWED_INSIDE_FUNCTIONS = {"offline.py": {"tensorlens.analysis.explain", "tensorlens.analysis.explain.attach_causes"}}
+ALLOWED_INSIDE_FUNCTIONS = {
+    "offline.py": {"tensorlens.analysis.explain", "tensorlens.analysis.explain.attach_causes"},
+    "online.py": {"tensorlens.analysis.explain", "tensorlens.analysis.explain.TrailingSteps"},  # online causes
+}
 
 
 def _function_imports(path: str) -> set[str]:
