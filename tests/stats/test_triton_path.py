@@ -248,8 +248,10 @@ print("compiled")
 def test_the_kernels_compile_for_a_gpu_without_one(tmp_path) -> None:
     """The interpreter runs Python, not the compiler: each kernel is also compiled to PTX for an
     sm_90 GPU (an H100) with the ptxas triton brings, which needs no GPU."""
-    if not path.triton_importable():
-        pytest.skip("triton is not installed (pip install --no-deps triton==3.9.0)")
+    if not (path.triton_importable() and path.interpreting()):
+        pytest.skip(
+            "compiled once per CI run, in the Triton session: triton installed and TRITON_INTERPRET=1 (as .ci/run does)"
+        )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(tmp_path / "cache"), TRITON_DEFAULT_FP_FUSION="1")
     done = subprocess.run(
