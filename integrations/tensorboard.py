@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -19,9 +20,9 @@ import numpy as np
 
 from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, ReplayRun, RunInfo
-from tensorlens.backends.keys import global_key, histogram_key, panel_key, tracker_key
+from tensorlens.backends.keys import global_key, histogram_key, panel_key, section, tracker_key
 from tensorlens.backends.optional import import_optional, is_lightning_logger
-from tensorlens.backends.payload import LayerPanel, check_tracker_stats
+from tensorlens.backends.payload import ALL, DEFAULT, HISTOGRAM, LayerPanel, check_tracker_stats
 from tensorlens.engine.metadata import flatten
 from tensorlens.findings import Finding
 from tensorlens.modes import ModeKeys
@@ -73,7 +74,9 @@ class TensorBoardBackend(Backend):
     lie along the x-axis in model order (layer ``i`` is the bucket from ``i`` to ``i + 1``), the
     bucket's height is the layer's value, one ridge per saved step (HISTOGRAMS tab; "offset" view
     shows the profile over time). Which layer is which is the text ``.../per-layer/l2/layers``
-    (TEXT tab), written when the layers change.
+    (TEXT tab), written when the layers change. A backend writing its own event files also sets the
+    CUSTOM SCALARS tab (:func:`custom_scalars_layout`): the global norms in one chart and, with each
+    tensor's statistics sent, every layer's series of a collection in one chart.
     Train and global records are written at the global step, eval and predict records at their
     mode step (one point per saved batch instead of a stack of points at one global step).
     Rule findings are text entries tagged ``"{prefix}/rules/{rule}"``.
@@ -144,6 +147,8 @@ class TensorBoardBackend(Backend):
             log_dir = os.path.join(log_dir, f"worker_{run.rank}")
         self._log_dir = log_dir
         self._writer = self._writer_class(log_dir=log_dir)
+        # our own writer only: a run holds one layout, and a writer you pass may carry yours
+        self._writer.add_custom_scalars(custom_scalars_layout(self.prefix, self._payload_selector.tracker_stats))
 
     @classmethod
     def from_logger(cls, logger: Any) -> TensorBoardBackend | None:
@@ -285,6 +290,25 @@ class TensorBoardBackend(Backend):
 def _markdown(value: object) -> str:
     # a table cell: pipes would end the cell, newlines the row
     return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def custom_scalars_layout(prefix: str, tracker_stats: Any) -> dict[str, dict[str, list[Any]]]:
+    """The CUSTOM SCALARS tab: the global values several to a chart and, when each tensor's
+    statistics are sent (``"all"`` or a list), one chart per collection and statistic holding every
+    layer's series (tags are regular expressions there)."""
+    head = re.escape(global_key(prefix, ModeKeys.TRAIN, None, ""))
+    layout: dict[str, dict[str, list[Any]]] = {"tensorlens": {
+        "global norms": ["Multiline", [rf"^{head}dynamics/global/(grad|weight|update)_norm$"]],
+        "NaN and Inf": ["Multiline", [rf"^{head}nonfinite_count$", rf"^{head}dynamics/global/grad_nonfinite_count$"]],
+        "losses": ["Multiline", [rf"^{re.escape(section(prefix, ModeKeys.TRAIN, None, 'losses'))}/"]],
+    }}
+    if tracker_stats != DEFAULT:
+        stats = ["l2"] if tracker_stats == ALL else [s for s in tracker_stats if s != HISTOGRAM]
+        layout["tensorlens: every layer"] = {
+            f"{collection} {stat}": ["Multiline", [rf"^{re.escape(section(prefix, ModeKeys.TRAIN, None, collection))}/[^/]+/{re.escape(stat)}$"]]
+            for collection in ("weights", "biases", "gradients", "activations") for stat in stats
+        }
+    return layout
 
 
 def _profile_buckets(panel: LayerPanel) -> tuple[float, float, float, float, float, list[float], list[float]]:

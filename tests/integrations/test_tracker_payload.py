@@ -113,8 +113,9 @@ def wandb_keys(run_file: RunFile) -> set[str]:
 
 
 def tensorboard_tags(events: EventAccumulator) -> set[str]:
+    """Every card's tag (the custom-scalars layout is configuration, not a card)."""
     tags = events.Tags()
-    return set(tags["scalars"]) | set(tags["histograms"]) | set(tags["tensors"])
+    return (set(tags["scalars"]) | set(tags["histograms"]) | set(tags["tensors"])) - {"custom_scalars__config__"}
 
 
 def sections(keys: set[str]) -> list[str]:
@@ -256,3 +257,24 @@ def test_a_bad_choice_fails_at_construction(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv(TRACKER_STATS_ENV, "l2;histogram")  # read at run time: one warning, the default
     with pytest.warns(UserWarning, match=TRACKER_STATS_ENV):
         assert resolve_tracker_stats() == "default"
+
+
+def test_tensorboard_custom_scalars_put_every_layer_in_one_chart(tmp_path: Any) -> None:
+    import re
+
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    _, events, _ = train_and_read(tmp_path, small_gpt2(), steps=1, dynamics=True, backends=["tensorboard"], tracker_stats="all")
+    proto = events.Tensors("custom_scalars__config__")[0].tensor_proto
+    layout = layout_pb2.Layout.FromString(proto.string_val[0])
+    charts = {(c.title, ch.title): list(ch.multiline.tag) for c in layout.category for ch in c.chart}
+    tags = set(events.Tags()["scalars"])
+
+    def matched(chart: tuple[str, str]) -> set[str]:
+        return {t for t in tags if any(re.search(p, t) for p in charts[chart])}
+
+    assert matched(("tensorlens", "global norms")) == {
+        f"tensorlens/dynamics/global/{n}_norm" for n in ("grad", "weight", "update")}
+    gradients_l2 = matched(("tensorlens: every layer", "gradients l2"))
+    assert gradients_l2 == {t for t in tags if t.startswith("tensorlens-gradients/") and t.endswith("/l2")}
+    assert len(gradients_l2) == len(list(small_gpt2().parameters()))
