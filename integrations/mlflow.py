@@ -271,8 +271,8 @@ class MLflowBackend(Backend):
             )
 
     def restore(self, record: StepRecord | Finding) -> None:
-        """A record the MLflow run holds already (a sync continuing it): its timestamp, histogram
-        file and heatmap columns are taken again, so what is sent from now on continues exactly
+        """A record the MLflow run holds already (a sync continuing it): its timestamp, payload
+        state, histogram file and per-layer panels are taken again, so what is sent from now on continues exactly
         where the earlier session stopped (metric keys depend on the series alone). A finding:
         counted, so the rule's count goes on."""
         if isinstance(record, Finding):
