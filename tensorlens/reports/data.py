@@ -197,10 +197,14 @@ def load_run(
     run_or_path: Run | str | os.PathLike[str],
     options: LoadOptions | None = None,
     progress: Callable[[int], None] | None = None,
+    reader: Callable[[RunData, Callable[[StepRecord], None]], None] | None = None,
 ) -> RunData:
     """Read what a report needs from a run (an open :class:`~tensorlens.Run` or a folder).
 
-    ``progress(n)`` is called with the number of records read since the last call.
+    ``progress(n)`` is called with the number of records read since the last call. ``reader(data,
+    take)``, when given, reads the run's records in step order itself and hands each to ``take``
+    (records of other workers are skipped): the report's health summary runs the rules in the same
+    pass (:func:`tensorlens.reports.health.rules_reader`), so that the store is read once.
     """
     options = options or LoadOptions()
     run = run_or_path if isinstance(run_or_path, Run) else open_run(check_run_folder(os.fspath(run_or_path)))
@@ -215,7 +219,11 @@ def load_run(
     layouts: dict[int, _Layout] = {}
     last_histogram_names: tuple[tuple[str, int], ...] | None = None
     pending = 0
-    for record in run.records(worker=worker):
+
+    def take(record: StepRecord) -> None:
+        nonlocal pending, last_histogram_names
+        if worker is not None and record.worker != worker:
+            return
         pending += 1
         if progress is not None and pending >= 200:
             progress(pending)
@@ -232,7 +240,7 @@ def load_run(
             series[0].append(record.step)
             series[1].append(float(values[i]))
         if not train:
-            continue
+            return
         data.steps.append(record.step)
         if not layout.seen:  # once per layout: the names of every later record with it are known
             layout.seen = True
@@ -270,6 +278,12 @@ def load_run(
             data.histogram_records.append(record.without(tensors=True))
             histogram_steps.discard(record.step)
         data.latest = record
+
+    if reader is None:
+        for record in run.records(worker=worker):
+            take(record)
+    else:
+        reader(data, take)
     if progress is not None and pending:
         progress(pending)
     if data.latest is not None and data.column_records and data.column_records[-1].step != data.latest.step:

@@ -24,7 +24,7 @@ import numpy as np
 
 from tensorlens.reports.blocks import histogram_heatmap_spec, line_spec
 from tensorlens.reports.data import LoadOptions, RunData, load_run
-from tensorlens.reports.health import SEVERITIES, module_findings, run_health, severity
+from tensorlens.reports.health import SEVERITIES, module_findings, rules_reader, run_health, severity
 from tensorlens.reports.page import esc, grid, render, rounded, table
 from tensorlens.reports.report import Page
 from tensorlens.stats.views import heatmap_grid
@@ -179,7 +179,7 @@ def build_explorer(
     rows: int = 32,
 ) -> Page:
     """The explorer page of one run (see :func:`explore`)."""
-    data = load_run(run, load or LoadOptions(columns=120, histogram_columns=60), progress)
+    data = load_run(run, load or LoadOptions(columns=120, histogram_columns=60), progress, reader=rules_reader)
     title = title or f"tensorlens explorer: {data.name}"
     nodes, owned = build_tree(data)
     tensors = {t: _tensor_payload(data, t, rows) for names in owned.values() for t in names}

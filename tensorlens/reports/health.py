@@ -29,11 +29,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tensorlens.analysis.compare import step_order
 from tensorlens.findings import Finding
+from tensorlens.records import StepRecord
 from tensorlens.reports.data import RunData
 
 #: A rule's severity in the health summary; a rule not listed is a ``warning``. ``critical``: the
@@ -123,21 +124,52 @@ def run_health(data: RunData, rules: Sequence[Any] | None = None) -> Health:
     return health
 
 
-def _rules(data: RunData, rules: Sequence[Any] | None) -> tuple[list[Finding], list[Finding], list[str], list[str]]:
-    """``(findings, not-evaluated notes, rule names, errors)``: the rules evaluated on the store now and
-    what the rules stored while the run trained, each finding once."""
+def rules_reader(data: RunData, take: Callable[[StepRecord], None]) -> None:
+    """A ``reader`` for :func:`~tensorlens.reports.data.load_run`: the default rules evaluated on the
+    store (``tensorlens.rules.evaluate``) in the same pass that loads the run, their result kept
+    for :func:`run_health`. If the rules fail part way, the records they did not reach are read
+    without them (and the page says why)."""
+    seen: set[tuple[int, str, int, str]] = set()
+
+    def keep(record: StepRecord) -> None:
+        seen.add((record.step, str(record.mode), record.mode_step, record.worker))
+        take(record)
+
+    data._evaluation = _evaluate(data, None, keep)  # type: ignore[attr-defined]
+    if data._evaluation[3] and any(e.startswith(_FAILED) for e in data._evaluation[3]):  # type: ignore[attr-defined]
+        for record in data.run.records():
+            if (record.step, str(record.mode), record.mode_step, record.worker) not in seen:
+                take(record)
+
+
+_FAILED = "the rules could not be run on the store"
+
+
+def _evaluate(data: RunData, rules: Sequence[Any] | None, on_record: Callable[[StepRecord], None] | None = None,
+              ) -> tuple[list[Finding], list[Finding], list[str], list[str]]:
+    """``(findings, not-evaluated notes, rule names, errors)`` of ``rules`` (default: the default
+    rules for what the run recorded) over the store; what a rule warned about is among the errors."""
     errors: list[str] = []
     with warnings.catch_warnings(record=True) as caught:  # a rule's warning belongs on the page, not in a log
         warnings.simplefilter("always")
         try:
             from tensorlens.rules.offline import evaluate  # the rules are imported only when a page asks for health
 
-            result = evaluate(data.run, list(rules) if rules is not None else None)
+            result = evaluate(data.run, list(rules) if rules is not None else None, on_record=on_record)
             found, notes, names = list(result.findings), list(result.not_evaluated), [r.name for r in result.rules]
         except Exception as err:  # a rule that breaks on an odd store must not take the page down
             found, notes, names = [], [], []
-            errors.append(f"the rules could not be run on the store: {type(err).__name__}: {err}")
+            errors.append(f"{_FAILED}: {type(err).__name__}: {err}")
     errors += list(dict.fromkeys(str(w.message).removeprefix("tensorlens rule ") for w in caught))
+    return found, notes, names, errors
+
+
+def _rules(data: RunData, rules: Sequence[Any] | None) -> tuple[list[Finding], list[Finding], list[str], list[str]]:
+    """``(findings, not-evaluated notes, rule names, errors)``: the rules evaluated on the store (in
+    the pass that loaded the run, when :func:`rules_reader` read it) and what the rules stored while
+    the run trained, each finding once."""
+    evaluated = getattr(data, "_evaluation", None)
+    found, notes, names, errors = [list(x) for x in evaluated] if evaluated and rules is None else _evaluate(data, rules)
     try:
         stored = data.run.findings()
     except Exception:  # a store written before findings were stored
@@ -258,4 +290,4 @@ def percent(value: float) -> str:
     return fmt(value) if not math.isfinite(value) else f"{100 * value:.0f} %" if value >= 0.01 or value == 0 else f"{100 * value:.2g} %"
 
 
-__all__ = ["SEVERITY", "Health", "RuleHealth", "module_findings", "run_health", "severity"]
+__all__ = ["SEVERITY", "Health", "RuleHealth", "module_findings", "rules_reader", "run_health", "severity"]

@@ -14,6 +14,7 @@ from typing import Any
 
 from tensorlens.reports.blocks import RUN_COLORS, to_html
 from tensorlens.reports.data import LoadOptions, RunData, load_run
+from tensorlens.reports.health import rules_reader
 from tensorlens.reports.page import esc, render, write
 from tensorlens.reports.sections import ReportOptions, build_sections
 from tensorlens.store.reader import Run
@@ -49,7 +50,8 @@ def _as_list(runs: Any) -> list[Any]:
 
 
 def load_runs(runs: Any, load: LoadOptions, progress: Callable[[int], None] | None = None) -> list[RunData]:
-    loaded = [load_run(r, load, progress) for r in _as_list(runs)]
+    # the default rules run in the pass that loads each run: the health summary costs no second read
+    loaded = [load_run(r, load, progress, reader=rules_reader) for r in _as_list(runs)]
     seen: dict[str, int] = {}
     for data in loaded:  # two runs with one name would share a colour and a legend entry
         count = seen.get(data.name, 0)

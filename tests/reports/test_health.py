@@ -216,3 +216,26 @@ def test_what_changed_first_is_in_the_nan_runs_card(health_runs: dict[str, str])
     card = _cards(build_report(health_runs["nan"]).html)["nan"]
     assert f"<dt>what changed first</dt><dd>{want.causes[0]}" in card
     assert run_health(load_run(health_runs["healthy"])).explanation is None  # no event: no line
+
+
+def test_the_rules_run_in_the_pass_that_loads_the_run(health_runs: dict[str, str]) -> None:
+    from tensorlens.reports.health import rules_reader
+    from tensorlens.rules.offline import evaluate
+
+    for path in health_runs.values():
+        with tl.open_run(path) as run:
+            calls = []
+            records = run.records
+            run.records = lambda *a, **k: calls.append(1) or records(*a, **k)  # type: ignore[method-assign]
+            shared = load_run(run, reader=rules_reader)
+            assert len(calls) == 1  # one read of the store for the page's data and the rules
+            run.records = records  # type: ignore[method-assign]
+            plain = load_run(run)
+            assert shared.steps == plain.steps and shared.nonfinite_tensors == plain.nonfinite_tensors
+            assert [r.step for r in shared.column_records] == [r.step for r in plain.column_records]
+            assert shared.plain.keys() == plain.plain.keys() and shared.latest.step == plain.latest.step
+            for key, (steps, values) in plain.plain.items():
+                assert shared.plain[key][0] == steps
+                np.testing.assert_array_equal(shared.plain[key][1], values)  # NaN equals NaN here
+            want = {(f.rule, f.step, f.tensor) for f in evaluate(run).findings}
+            assert {(f.rule, f.step, f.tensor) for f in run_health(shared).findings} == want
