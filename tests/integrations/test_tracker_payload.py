@@ -278,3 +278,23 @@ def test_tensorboard_custom_scalars_put_every_layer_in_one_chart(tmp_path: Any) 
     gradients_l2 = matched(("tensorlens: every layer", "gradients l2"))
     assert gradients_l2 == {t for t in tags if t.startswith("tensorlens-gradients/") and t.endswith("/l2")}
     assert len(gradients_l2) == len(list(small_gpt2().parameters()))
+
+
+def test_a_sync_sends_the_payload_chosen_for_it(tmp_path: Any) -> None:
+    from tensorlens.sync import sync_run
+
+    model = small_gpt2()
+    hook = tl.watch(model, save_interval=1, out_dir=tmp_path / "run", backends=["local"])
+    ids = torch.randint(0, model.config.vocab_size, (2, 6))
+    model(ids, labels=ids).loss.backward()
+    torch.optim.SGD(model.parameters(), lr=1e-3).step()
+    hook.close()
+    for name, option in (("default", None), ("l2", ["l2", "histogram"])):
+        extra = {} if option is None else {"tracker_stats": option}
+        result = sync_run(hook.run_dir, "tensorboard", logdir=str(tmp_path / name), progress=False, **extra)
+        events = EventAccumulator(os.path.join(tmp_path / name, result.run_id), size_guidance={SCALARS: 0})
+        events.Reload()
+        l2 = {t for t in events.Tags()["scalars"] if t.endswith("/l2")}
+        assert len(l2) == (0 if option is None else 2 * len(list(model.parameters())))  # weights|biases and gradients
+    with pytest.raises(ValueError, match="Expected `tracker_stats`"):
+        sync_run(hook.run_dir, "tensorboard", logdir=str(tmp_path / "bad"), progress=False, tracker_stats="l2/x")
