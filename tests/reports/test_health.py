@@ -226,7 +226,7 @@ def test_the_rules_run_in_the_pass_that_loads_the_run(health_runs: dict[str, str
         with tl.open_run(path) as run:
             calls = []
             records = run.records
-            run.records = lambda *a, **k: calls.append(1) or records(*a, **k)  # type: ignore[method-assign]
+            run.records = lambda *a, calls=calls, records=records, **k: calls.append(1) or records(*a, **k)  # type: ignore[method-assign]
             shared = load_run(run, reader=rules_reader)
             assert len(calls) == 1  # one read of the store for the page's data and the rules
             run.records = records  # type: ignore[method-assign]
