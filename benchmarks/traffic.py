@@ -200,10 +200,10 @@ def _pause_launches(counter: Traffic) -> Iterator[None]:
     original = rows._quiet
 
     @contextlib.contextmanager
-    def paused() -> Iterator[None]:
+    def paused(device: torch.device) -> Iterator[None]:
         counter.paused = True
         try:
-            with original():
+            with original(device):
                 yield
         finally:
             counter.paused = False

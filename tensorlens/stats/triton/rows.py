@@ -20,9 +20,11 @@ cannot follow them into GPU memory, so under the interpreter only CPU tensors ta
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -98,10 +100,14 @@ def _tile(size_class: int) -> tuple[int, int]:
     return per_program, cols
 
 
-def _quiet() -> Any:
-    """Triton's interpreter computes with numpy, which warns where IEEE arithmetic gives NaN
-    (``inf - inf``: numpy's own statistics of such a tensor are NaN too); a GPU does not warn."""
-    return np.errstate(all="ignore")
+@contextlib.contextmanager
+def _quiet(device: torch.device) -> Iterator[None]:
+    """Around a launch: Triton launches on the current CUDA device, so ``device`` is made current
+    (a rank's tensors on ``cuda:1``); and Triton's interpreter computes with numpy, which warns
+    where IEEE arithmetic gives NaN (``inf - inf``: numpy's own statistics of such a tensor are NaN
+    too), where a GPU does not."""
+    with np.errstate(all="ignore"), torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        yield
 
 
 def _size_class(length: int) -> int:
@@ -194,7 +200,7 @@ class TritonRows:
             # parameters and their gradients usually stay where they are: their table is copied once
             self._addresses, self._table = addresses, _pointer_table(addresses, self.device)
         table = self._table
-        with _quiet():
+        with _quiet(self.device):
             self._launch(kernels, table, rows)
         return rows.masked_fill_(self.unrequested, math.nan)
 
@@ -272,7 +278,7 @@ class SampleTable:
         high = torch.empty(self.g, dtype=torch.float64, device=self.device)
         for table, first, n, source, size_class in self._launches(values):
             per_program, cols = _tile(size_class)
-            with _quiet():
+            with _quiet(self.device):
                 kernels.sample_ranges[(-(-n // per_program),)](
                     table[first:],
                     self.strides[first:],
@@ -306,7 +312,7 @@ class SampleTable:
         ordered = [t[self.at].contiguous() for t in (low, high, scale)]
         for table, first, n, source, size_class in self._launches(values):
             per_program, cols = _tile(size_class)
-            with _quiet():
+            with _quiet(self.device):
                 kernels.bin_samples[(-(-n // per_program),)](
                     table[first:],
                     self.strides[first:],
