@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -225,6 +226,8 @@ class _Replay:
                     f"({type(err).__name__}: {err}); what was sent is recorded: run the same sync again to continue"
                 ) from err
             raise
+        if self.show_progress and sys.stderr.isatty():  # closing can take seconds (MLflow draws its images)
+            print(f"tensorlens sync: finishing the {self.target.name} run", file=sys.stderr, flush=True)
         session.close()
         self.target.finish()
         return SyncResult(
