@@ -3,7 +3,8 @@
 ``NAME`` is any registered backend that replays: ``wandb``, ``mlflow``, ``tensorboard``, or one of
 your own, registered (``tl.register_backend``) by a module that ``--backend-module MODULE`` or
 ``TENSORLENS_BACKENDS="MODULE ..."`` names. The tracker's options are its flags (``--project``,
-``--logdir``, ...) or ``--option KEY=VALUE``. Again later: only the steps recorded since are sent
+``--logdir``, ...) or ``--option KEY=VALUE``; ``--tracker-stats`` chooses what the tracker receives of
+each record, as ``tracker_stats=`` does live. Again later: only the steps recorded since are sent
 (what was sent is kept beside the run store, which sync only reads; see :mod:`tensorlens.sync`).
 W&B offline (``WANDB_MODE=offline`` or ``--offline``) writes an offline run folder, and the command
 prints the ``wandb sync`` line that uploads it. Exit codes as every command's (1 an error, one
