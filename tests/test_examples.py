@@ -74,7 +74,7 @@ def test_lightning_mlflow_example(tmp_path: Path) -> None:
     pytest.importorskip("mlflow")
     out = _run(tmp_path, "lightning_mlflow.py", str(tmp_path / "out"), "1")
     assert "saved train steps: [0, 10, 20, 30]  (trainer.global_step = 40)" in out
-    history = re.search(r"e\.g\. tensorlens/gradients/net\.0\.weight/l2:\n  (.*)", out)
+    history = re.search(r"e\.g\. tensorlens-gradients/net\.0\.weight/l2:\n  (.*)", out)
     assert history is not None, out
     assert [int(s) for s in re.findall(r"step (\d+):", history.group(1))] == [0, 10, 20, 30]
     # the MLflow values are the local store's values (both printed with 4 decimals)
