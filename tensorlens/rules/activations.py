@@ -65,10 +65,17 @@ class DeadRelu(Rule):
             found.append((share, f"zero_fraction {stats['zero_fraction']:.4g}"))
         return max(found) if found else None
 
+    @staticmethod
+    def _held_nonfinite(record: StepRecord, tensor: str, stats: dict[str, float]) -> bool:
+        # NaN compares inactive (monitorch's rule), so a layer whose outputs turned NaN reads as
+        # 100 % dead: that is the NaN's story (NonFiniteGradient, ExplodingTensor), not a dead ReLU
+        counts = [stats.get("nan_count"), stats.get("inf_count"), record.scalar(f"{tensor}/sample_norm", "nan_count")]
+        return any(c is not None and (c != 0) for c in counts)  # NaN: uncounted, the norm was not finite
+
     def invoke_at_step(self, record: StepRecord) -> list[Finding]:
         out, raw, usable = [], {t.tensor: t.value for t in record.tensors}, False
         for tensor, stats in tensor_stats(record, self._selection).items():
-            if "" in stats:
+            if "" in stats or self._held_nonfinite(record, tensor, stats):
                 continue
             found = self._dead_share(stats, raw.get(tensor))
             if found is None:
