@@ -304,10 +304,11 @@ def custom_scalars_layout(prefix: str, tracker_stats: Any) -> dict[str, dict[str
     }}
     if tracker_stats != DEFAULT:
         stats = ["l2"] if tracker_stats == ALL else [s for s in tracker_stats if s != HISTOGRAM]
-        layout["tensorlens: every layer"] = {
-            f"{collection} {stat}": ["Multiline", [rf"^{re.escape(section(prefix, ModeKeys.TRAIN, None, collection))}/[^/]+/{re.escape(stat)}$"]]
-            for collection in ("weights", "biases", "gradients", "activations") for stat in stats
-        }
+        layout["tensorlens: every layer"] = {}
+        for collection in ("weights", "biases", "gradients", "activations"):
+            head = re.escape(section(prefix, ModeKeys.TRAIN, None, collection))
+            for stat in stats:
+                layout["tensorlens: every layer"][f"{collection} {stat}"] = ["Multiline", [rf"^{head}/[^/]+/{re.escape(stat)}$"]]
     return layout
 
 
@@ -316,7 +317,8 @@ def _profile_buckets(panel: LayerPanel) -> tuple[float, float, float, float, flo
     (a value that is not finite is drawn as 0; it counts in ``nonfinite_count``)."""
     values = np.where(np.isfinite(panel.values), panel.values, 0.0)
     n = len(values)
-    return 0.0, float(n), float(n), float(values.sum()), float(np.square(values).sum()), [float(i + 1) for i in range(n)], values.tolist()
+    limits = [float(i + 1) for i in range(n)]
+    return 0.0, float(n), float(n), float(values.sum()), float(np.square(values).sum()), limits, values.tolist()
 
 
 def _buckets(h: HistogramEntry) -> tuple[float, float, float, float, float, list[float], list[float]]:

@@ -12,8 +12,8 @@ thousands of keys:
   - one **panel per collection and statistic holding every layer** (:class:`LayerPanel`): the
     ``l2`` of each collection (``std`` for one without ``l2``; for ``activation_gradients`` and
     ``input_gradients``, whose tensors are per-sample parts, the mean per-sample norm), the
-    ``dynamics`` update ratio, the ``activations`` dead fraction; a tracker draws each as one chart (layer profile, heatmap over
-    steps) instead of one series per tensor;
+    ``dynamics`` update ratio, the ``activations`` dead fraction; a tracker draws each as one
+    chart (layer profile, heatmap over steps) instead of one series per tensor;
   - no per-tensor series otherwise: no constant ``numel``, no all-zero NaN/Inf counts.
 
 - ``"all"``: every stored statistic and histogram (the payload before issue 24), plus the panels.
@@ -23,8 +23,8 @@ thousands of keys:
 Whatever the choice, the run's global values always go: the ``dynamics/global`` statistics
 (``grad_norm``, ``weight_norm``, ``update_norm``, ``grad_nonfinite_count``, ...), plain values
 (losses, ``summarize_scalar``), every statistic of the ``losses``, ``summaries`` and ``scalars``
-collections (their histograms too), :data:`NONFINITE_COUNT` (NaN and Inf counted over every tensor of the record) and
-rule findings (sent by the backends themselves). A non-finite value is never hidden: it counts in
+collections (their histograms too), :data:`NONFINITE_COUNT` (NaN and Inf counted over every
+tensor of the record) and rule findings (sent by the backends themselves). A non-finite value is never hidden: it counts in
 :data:`NONFINITE_COUNT`, and from the first step a tensor holds one its ``nan_count`` and
 ``inf_count`` are sent as its own series, every saved step after. Everything else depends on the
 configuration only, so two runs of one model send the same keys.

@@ -70,7 +70,9 @@ def small_gpt2() -> torch.nn.Module:
     return transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=128, n_positions=32))
 
 
-def train_and_read(tmp_path: Any, model: torch.nn.Module, steps: int, nan_at: int | None = None, **watch: Any) -> tuple[RunFile, EventAccumulator, str]:
+def train_and_read(
+    tmp_path: Any, model: torch.nn.Module, steps: int, nan_at: int | None = None, **watch: Any
+) -> tuple[RunFile, EventAccumulator, str]:
     """Train ``model`` for ``steps`` steps with W&B and TensorBoard attached; the run file, the
     events and the run folder."""
     run = wandb.init(dir=str(tmp_path), project="tensorlens-tests")

@@ -105,8 +105,10 @@ def test_panels_fall_back_to_std_and_the_mean_sample_norm() -> None:
 def test_keys_group_by_collection_with_the_global_section_first() -> None:
     assert tracker_key("tensorlens", "train", "reduced", "gradients/fc1.weight/l2") == "tensorlens-gradients/fc1.weight/l2"
     assert tracker_key("tensorlens", "eval", None, "losses/mse") == "tensorlens-eval-losses/mse"
-    assert tracker_key("tensorlens", "train", "worker_1", "dynamics/global/grad_norm") == "tensorlens-worker_1/dynamics/global/grad_norm"
-    assert tracker_key("tensorlens", "epoch", None, "epochs/dynamics/global/grad_norm_mean") == "tensorlens-epoch/dynamics/global/grad_norm_mean"
+    worker = tracker_key("tensorlens", "train", "worker_1", "dynamics/global/grad_norm")
+    assert worker == "tensorlens-worker_1/dynamics/global/grad_norm"
+    epoch = tracker_key("tensorlens", "epoch", None, "epochs/dynamics/global/grad_norm_mean")
+    assert epoch == "tensorlens-epoch/dynamics/global/grad_norm_mean"
     assert tracker_key("", "train", None, "gradients/fc1.weight/l2") == "gradients/fc1.weight/l2"
     assert global_key("tensorlens", "train", None, NONFINITE_COUNT) == "tensorlens/nonfinite_count"
     assert panel_key("tensorlens", "train", None, "dynamics", "update_ratio") == "tensorlens-dynamics/per-layer/update_ratio"
