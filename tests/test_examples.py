@@ -123,6 +123,8 @@ def test_hf_trainer_example(tmp_path: Path) -> None:
     for ours, trainers, clipped in rows:
         assert ours == trainers  # the same number as the Trainer's own log, at the same global step
         assert float(clipped) == pytest.approx(min(float(ours), 0.3), abs=2e-4)
-    assert "eval records (global step, eval step): [(10, 0), (20, 5), (30, 10)]" in out
+    # each evaluation's first batch (eval save_interval 5) and its last, which carries the Trainer's
+    # eval_loss (the losses collection saves every eval step: an evaluation's loss arrives once)
+    assert "eval records (global step, eval step): [(10, 0), (10, 3), (20, 5), (20, 7), (30, 10), (30, 11)]" in out
     assert sorted(os.listdir(tmp_path / "out")) == ["trainer", "wandb"]
     assert sorted(os.listdir(tmp_path / "out" / "trainer")) == ["runs", "tensorlens_runs"]
