@@ -30,21 +30,16 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, 
 
 from tensorlens.integrations.transformers import TensorLensCallback  # noqa: E402
 
+try:
+    from .tiny_tokens import Tokens
+except ImportError:
+    from tiny_tokens import Tokens
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 VOCAB, SEQ = 100, 16
 MAX_GRAD_NORM = 0.5  # the tiny model's gradient norm is ~0.95: every step is clipped
 
-
-class Tokens(torch.utils.data.Dataset):
-    def __init__(self, n: int, seed: int) -> None:
-        self.x = torch.randint(0, VOCAB, (n, SEQ), generator=torch.Generator().manual_seed(seed))
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.x[i], "labels": self.x[i]}
 
 
 def tiny_gpt2() -> GPT2LMHeadModel:
@@ -87,7 +82,7 @@ def train(tmp_path: Any, callback: TensorLensCallback, report_to: list[str], max
         max_grad_norm=max_grad_norm, learning_rate=1e-3, report_to=report_to, use_cpu=True,
         save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500, disable_tqdm=True, seed=0,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=Tokens(64, 1), eval_dataset=Tokens(8, 2),
+    trainer = Trainer(model=model, args=args, train_dataset=Tokens(64, 1, VOCAB, SEQ), eval_dataset=Tokens(8, 2, VOCAB, SEQ),
                       callbacks=[reference, callback])
     trainer.train()
     return trainer, reference

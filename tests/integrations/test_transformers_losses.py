@@ -19,18 +19,13 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 from tensorlens.integrations.transformers import TensorLensCallback  # noqa: E402
 
+try:
+    from .tiny_tokens import Tokens
+except ImportError:
+    from tiny_tokens import Tokens
+
 VOCAB, SEQ = 50, 8
 
-
-class Tokens(torch.utils.data.Dataset):
-    def __init__(self, n: int, seed: int) -> None:
-        self.x = torch.randint(0, VOCAB, (n, SEQ), generator=torch.Generator().manual_seed(seed))
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.x[i], "labels": self.x[i]}
 
 
 def train(tmp_path: Any, callback: TensorLensCallback, run_name: str | None, logging_steps: int = 1,
@@ -42,7 +37,7 @@ def train(tmp_path: Any, callback: TensorLensCallback, run_name: str | None, log
         eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=4, logging_steps=logging_steps,
         learning_rate=1e-3, report_to=report_to, use_cpu=True, save_strategy="no", disable_tqdm=True, seed=0,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=Tokens(16, 1), eval_dataset=Tokens(8, 2), callbacks=[callback])
+    trainer = Trainer(model=model, args=args, train_dataset=Tokens(16, 1, VOCAB, SEQ), eval_dataset=Tokens(8, 2, VOCAB, SEQ), callbacks=[callback])
     trainer.train()
     return trainer
 

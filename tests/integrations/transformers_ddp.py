@@ -16,23 +16,13 @@ import os
 import sys
 
 import torch
+from tiny_tokens import Tokens  # this script's folder is on sys.path
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 from tensorlens.integrations.transformers import TensorLensCallback
 
 VOCAB, SEQ = 50, 8
 WATCHED = "transformer.h.0.mlp.c_fc"  # whose eval outputs are captured by the reference hook
-
-
-class Tokens(torch.utils.data.Dataset):
-    def __init__(self, n: int, seed: int) -> None:
-        self.x = torch.randint(0, VOCAB, (n, SEQ), generator=torch.Generator().manual_seed(seed))
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.x[i], "labels": self.x[i]}
 
 
 class Reference(TrainerCallback):
@@ -72,7 +62,7 @@ def main(out: str) -> None:
         ddp_find_unused_parameters=False,
     )
     callback = TensorLensCallback(save_interval=1, activations=True, out_dir=os.path.join(out, "run"))
-    trainer = Trainer(model=model, args=args, train_dataset=Tokens(32, 1), eval_dataset=Tokens(8, 2),
+    trainer = Trainer(model=model, args=args, train_dataset=Tokens(32, 1, VOCAB, SEQ), eval_dataset=Tokens(8, 2, VOCAB, SEQ),
                       callbacks=[reference, callback])
     trainer.train()
     rank = torch.distributed.get_rank()

@@ -6,7 +6,9 @@ batch), the ranking the same as ``rank_runs`` reads from the stores."""
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from typing import Any
 
 import pytest
@@ -30,15 +32,8 @@ except ImportError:
 VOCAB, SEQ = 50, 8
 
 
-class Tokens(torch.utils.data.Dataset):
-    def __init__(self, n: int, seed: int) -> None:
-        self.x = torch.randint(0, VOCAB, (n, SEQ), generator=torch.Generator().manual_seed(seed))
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.x[i], "labels": self.x[i]}
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "integrations"))
+from tiny_tokens import Tokens  # noqa: E402
 
 
 def train(tmp_path: Any, name: str, lr: float) -> str:
@@ -50,7 +45,7 @@ def train(tmp_path: Any, name: str, lr: float) -> str:
         disable_tqdm=True, seed=0,
     )
     callback = TensorLensCallback(save_interval=1)
-    Trainer(model=model, args=args, train_dataset=Tokens(32, 1), callbacks=[callback]).train()
+    Trainer(model=model, args=args, train_dataset=Tokens(32, 1, VOCAB, SEQ), callbacks=[callback]).train()
     return callback.run_dir
 
 
