@@ -13,6 +13,7 @@ background networking, listening on 127.0.0.1 only, and is killed (its process g
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import os
 import shutil
@@ -23,6 +24,8 @@ import tempfile
 import time
 import urllib.request
 from typing import Any
+
+import pytest
 
 CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
@@ -220,3 +223,16 @@ def png_pixels(png: bytes) -> Any:
     from matplotlib import image
 
     return image.imread(io.BytesIO(png), format="png")
+
+
+#: ``pytestmark = BROWSER_TESTS`` in a module of page tests: skipped, saying why, where Chromium or
+#: websocket-client (which drives it) is missing; the ``browser`` fixture (conftest.py) opens one.
+BROWSER_TESTS = [
+    pytest.mark.skipif(
+        find_chromium() is None, reason="Chromium is not installed (apt-get install chromium, or set TENSORLENS_CHROMIUM)"
+    ),
+    pytest.mark.skipif(
+        importlib.util.find_spec("websocket") is None,
+        reason="the browser tests need websocket-client (in the dev extra)",
+    ),
+]

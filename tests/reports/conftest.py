@@ -15,9 +15,11 @@ from tensorlens.findings import Finding
 from tensorlens.store.writer import RunStoreWriter
 
 try:
+    from .browser import Browser
     from .health_runs import train_all
     from .report_runs import HOSTILE, write_names_run, write_run, write_scales_run
 except ImportError:
+    from browser import Browser
     from health_runs import train_all
     from report_runs import HOSTILE, write_names_run, write_run, write_scales_run
 
@@ -118,3 +120,10 @@ def health_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """A healthy MLP, a dead-ReLU collapse and a NaN run, trained from the same seed and data for 16
     steps (the last two break at step 6), every step saved with activations and dynamics."""
     return train_all(tmp_path_factory.mktemp("health"), steps=16, fault_step=FAULT_STEP)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Chromium for a module of page tests (those marked ``BROWSER_TESTS``)."""
+    with Browser() as b:
+        yield b

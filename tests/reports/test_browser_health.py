@@ -7,31 +7,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from tensorlens.reports import build_explorer, build_report
 
 try:
-    from .browser import Browser, assert_clean, find_chromium
+    from .browser import BROWSER_TESTS, Browser, assert_clean
     from .conftest import FAULT_STEP
     from .health_runs import DEAD_RELU
     from .test_browser_pages import _assert_not_blank
 except ImportError:
-    from browser import Browser, assert_clean, find_chromium
+    from browser import BROWSER_TESTS, Browser, assert_clean
     from conftest import FAULT_STEP
     from health_runs import DEAD_RELU
     from test_browser_pages import _assert_not_blank
 
-pytestmark = pytest.mark.skipif(
-    find_chromium() is None, reason="Chromium is not installed (apt-get install chromium, or set TENSORLENS_CHROMIUM)"
-)
-pytest.importorskip("websocket", reason="the browser tests need websocket-client (in the dev extra)")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with Browser() as b:
-        yield b
+pytestmark = BROWSER_TESTS
 
 
 def test_compared_report_in_a_browser(browser: Browser, health_runs: dict[str, str], tmp_path: Path) -> None:

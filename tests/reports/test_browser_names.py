@@ -11,30 +11,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from tensorlens.reports import ReportOptions, build_explorer, build_report, register_section
 from tensorlens.reports.blocks import Chart, Section
 from tensorlens.reports.page import table
 from tensorlens.reports.sections import _PROVIDERS
 
 try:
-    from .browser import Browser, assert_clean, find_chromium
+    from .browser import BROWSER_TESTS, Browser, assert_clean
     from .report_runs import LONG_TYPE, PROTOTYPE_NAMES, SEPARATORS, write_run
 except ImportError:
-    from browser import Browser, assert_clean, find_chromium
+    from browser import BROWSER_TESTS, Browser, assert_clean
     from report_runs import LONG_TYPE, PROTOTYPE_NAMES, SEPARATORS, write_run
 
-pytestmark = pytest.mark.skipif(
-    find_chromium() is None, reason="Chromium is not installed (apt-get install chromium, or set TENSORLENS_CHROMIUM)"
-)
-pytest.importorskip("websocket", reason="the browser tests need websocket-client (in the dev extra)")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with Browser() as b:
-        yield b
+pytestmark = BROWSER_TESTS
 
 
 def _load(browser: Browser, page_html: str, path: Path):

@@ -12,28 +12,18 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from tensorlens.reports import build_explorer, build_report
 
 try:
-    from .browser import Browser, assert_clean, find_chromium, png_pixels
+    from .browser import BROWSER_TESTS, Browser, assert_clean, png_pixels
     from .report_runs import HOSTILE
 except ImportError:
-    from browser import Browser, assert_clean, find_chromium, png_pixels
+    from browser import BROWSER_TESTS, Browser, assert_clean, png_pixels
     from report_runs import HOSTILE
 
-pytestmark = pytest.mark.skipif(
-    find_chromium() is None, reason="Chromium is not installed (apt-get install chromium, or set TENSORLENS_CHROMIUM)"
-)
-pytest.importorskip("websocket", reason="the browser tests need websocket-client (in the dev extra)")
+pytestmark = BROWSER_TESTS
 SCREENSHOTS = os.environ.get("TENSORLENS_SCREENSHOTS")  # a folder to keep the screenshots in
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with Browser() as b:
-        yield b
 
 
 def _open(browser: Browser, path: Path):
