@@ -7,15 +7,14 @@ import fcntl
 import os
 import pty
 import re
-import select
 import struct
 import subprocess
 import sys
 import termios
-import time
 
 import pytest
 from cli_runs import ENV, HOSTILE_NAMES, write_store
+from terminal_io import read_terminal
 
 #: What a terminal acts on rather than shows (newline aside): C0, DEL, C1, bidi overrides and isolates.
 ACTIVE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
@@ -29,29 +28,15 @@ def run_in_pty(*args: str, columns: int = 200) -> tuple[int, str]:
     proc = subprocess.Popen([sys.executable, "-m", "tensorlens", *args], stdin=slave, stdout=slave, stderr=slave,
                             env=ENV, close_fds=True)
     os.close(slave)
-    chunks = []
-    deadline = time.monotonic() + 120
     try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 1.0)
-            if not ready:
-                if proc.poll() is not None:
-                    break
-                continue
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not data:
-                break
-            chunks.append(data)
+        printed = read_terminal(master, proc)
         code = proc.wait(timeout=60)
     finally:
         os.close(master)
         if proc.poll() is None:
             proc.kill()
     # the terminal's line discipline turns \n into \r\n: that CR is the terminal's, not the CLI's
-    return code, b"".join(chunks).decode("utf-8", "replace").replace("\r\n", "\n")
+    return code, printed.decode("utf-8", "replace").replace("\r\n", "\n")
 
 
 def assert_inert(text: str) -> None:

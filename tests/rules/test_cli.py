@@ -135,13 +135,13 @@ def _stderr_on_a_terminal(*args: str) -> tuple[int, str, str]:
     stdout on a pipe: returns the exit code, stdout and what the terminal got."""
     import fcntl
     import pty
-    import select
     import struct
     import subprocess
     import sys
     import tempfile
     import termios
-    import time
+
+    from terminal_io import read_terminal
 
     master, slave = pty.openpty()
     # a new terminal is 0 columns wide until told, and a bar 0 columns wide prints nothing
@@ -150,25 +150,12 @@ def _stderr_on_a_terminal(*args: str) -> tuple[int, str, str]:
         proc = subprocess.Popen([sys.executable, "-m", "tensorlens", *args], stdout=stdout, stderr=slave,
                                 env={**os.environ, "TERM": "xterm", "PYTHONPATH": CHECKOUT})
         os.close(slave)
-        chunks = []
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # read while it runs: a closed terminal's unread output is lost
-            ready, _, _ = select.select([master], [], [], 0.5)
-            if ready:
-                try:
-                    data = os.read(master, 65536)
-                except OSError:  # EIO: the child closed the terminal
-                    break
-                if not data:
-                    break
-                chunks.append(data)
-            elif proc.poll() is not None:
-                break
+        printed = read_terminal(master, proc)
         proc.wait(timeout=60)
         os.close(master)
         stdout.seek(0)
         out = stdout.read().decode()
-    return proc.returncode, out, b"".join(chunks).decode("utf-8", "replace")
+    return proc.returncode, out, printed.decode("utf-8", "replace")
 
 
 def test_progress_on_a_terminal_only(runs: tuple[str, str], capsys: pytest.CaptureFixture[str]) -> None:
