@@ -55,6 +55,18 @@ def test_a_plan_is_reused_while_the_tensors_keep_their_shape() -> None:
     assert engine.plans_built == 1
 
 
+def test_two_job_lists_taking_turns_keep_their_plans() -> None:
+    """A saved step computes twice (parameters before the optimizer step, updates and module
+    dynamics after it): each list keeps its plan instead of rebuilding the other's every time."""
+    engine = StepStatistics()
+    for seed in range(4):
+        tensors = _tensors(seed)
+        before, after = _jobs(tensors[:3]), _jobs(tensors[3:])
+        _same(engine.compute(before), StepStatistics().compute(before))
+        _same(engine.compute(after), StepStatistics().compute(after))
+    assert engine.plans_built == 2
+
+
 @pytest.mark.parametrize(
     "change",
     ["shape", "dtype", "added", "removed", "reordered", "stats", "histogram", "name", "device_layout", "nan", "several_pieces"],
