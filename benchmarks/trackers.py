@@ -109,7 +109,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         hook = tl.watch(
             models["tensorlens"], activations=True, dynamics=True, save_interval=args.save_interval,
             backends=["local"] if args.local_only else [
-                "wandb", "mlflow", TensorBoardBackend(log_dir=os.path.join(folder, "tb"))],
+                TensorBoardBackend(log_dir=os.path.join(folder, "tb")) if name == "tensorboard" else name
+                for name in args.backends],
             out_dir=os.path.join(folder, "store"), **extra,
         )
         step = 0
@@ -165,7 +166,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "layers": args.layers, "width": args.width, "batch": args.batch, "seq": args.seq,
             "save_interval": args.save_interval, "block": args.block, "rounds": args.rounds,
             "tracker_stats": args.tracker_stats or os.environ.get("TENSORLENS_TRACKER_STATS") or "default",
-            "tensorlens_backends": "local" if args.local_only else "local, wandb, mlflow, tensorboard",
+            "tensorlens_backends": "local" if args.local_only else ", ".join(["local", *args.backends]),
         },
         "result": result,
         "target": {"ratio_mean_at_most": 1.2, "met": result["ratio_mean"] <= 1.2},
@@ -185,8 +186,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tracker-stats", default=None, help='"default", "all" or names such as l2,histogram')
     parser.add_argument("--local-only", action="store_true",
                         help="tensorlens with the run store only: what its statistics cost before any tracker")
+    parser.add_argument("--backends", default="wandb,mlflow,tensorboard",
+                        help="the trackers tensorlens sends to (the user's loop always reports to all three): "
+                             "one at a time shows what each costs")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if not set(args.backends) <= {"wandb", "mlflow", "tensorboard"}:
+        parser.error("--backends takes wandb, mlflow and tensorboard")
     if args.block % args.save_interval:
         parser.error("--block must be a multiple of --save-interval (every block then has the same saved steps)")
     if args.tracker_stats and args.tracker_stats not in ("default", "all"):
