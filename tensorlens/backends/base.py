@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from tensorlens._checks import expected
-from tensorlens.backends.payload import Payload, PayloadSelector, resolve_tracker_stats
+from tensorlens.backends.payload import Payload, PayloadSelector, resolve_tracker_stats, shared_selector
 from tensorlens.findings import Finding
 from tensorlens.records import StepRecord
 from tensorlens.store.runs import folder_name
@@ -188,8 +188,10 @@ class Backend:
 
     def open_payload(self, run: RunInfo | None = None) -> PayloadSelector:
         """Choose this backend's payload for ``run`` (call it from :meth:`open`); returns the
-        selector :meth:`payload` uses."""
-        selector = PayloadSelector(resolve_tracker_stats(self.tracker_stats, run.tracker_stats if run else None))
+        selector :meth:`payload` uses, shared by the backends of ``run`` that send the same
+        ``tracker_stats`` (each record's payload is chosen once for all of them)."""
+        tracker_stats = resolve_tracker_stats(self.tracker_stats, run.tracker_stats if run else None)
+        selector = PayloadSelector(tracker_stats) if run is None else shared_selector(tracker_stats, run)
         self._payload_selector = selector
         return selector
 

@@ -52,9 +52,12 @@ A backend asks for the payload of a record with :meth:`tensorlens.Backend.payloa
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
+import threading
 import warnings
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -198,9 +201,16 @@ class _Layout:
     panels: tuple[tuple[str, str, tuple[str, ...], np.ndarray], ...]  # (collection, stat, layers, positions)
 
 
+#: Payloads a shared selector keeps, newest last: the backends of a run take the same records in
+#: the same order, a few records apart at most unless one falls far behind (then it is chosen again).
+_RECENT_PAYLOADS = 32
+
+
 class PayloadSelector:
-    """Chooses the payload of each record for one backend (it remembers the tensors that held
-    NaN or Inf, so keep one per backend and run).
+    """Chooses the payload of each record (it remembers the tensors that held NaN or Inf, so keep
+    one per run and choice). The backends of one run that send the same ``tracker_stats`` share one
+    (:func:`shared_selector`): each record's payload is chosen once, by whichever backend thread
+    asks first, and the others get the same object. Payloads are read-only, as records are.
 
     >>> selector = PayloadSelector("default")
     >>> payload = selector.select(record)        # doctest: +SKIP
@@ -215,6 +225,10 @@ class PayloadSelector:
         self._histograms = self._all or HISTOGRAM in listed
         self._flagged: set[str] = set()  # tensors that held NaN or Inf: their counts go from then on
         self._layouts: dict[tuple[Any, Any], _Layout] = {}  # the last few names seen -> their layout
+        # backends call select from their own threads; id(record) -> (record, its payload), the
+        # record held so that its id is not reused while it is a key
+        self._lock = threading.Lock()
+        self._recent: collections.OrderedDict[int, tuple[StepRecord, Payload]] = collections.OrderedDict()
 
     @property
     def sends_panels(self) -> bool:
@@ -267,7 +281,18 @@ class PayloadSelector:
         return layout
 
     def select(self, record: StepRecord) -> Payload:
-        """The payload of ``record``."""
+        """The payload of ``record``: chosen the first time it is asked for, then the same object."""
+        with self._lock:
+            known = self._recent.get(id(record))
+            if known is not None and known[0] is record:
+                return known[1]
+            payload = self._choose(record)
+            self._recent[id(record)] = (record, payload)
+            if len(self._recent) > _RECENT_PAYLOADS:
+                self._recent.popitem(last=False)
+            return payload
+
+    def _choose(self, record: StepRecord) -> Payload:
         layout = self._layout(record)
         values = record.scalar_values
         scalars = list(zip(layout.send_keys, values[layout.send].tolist(), strict=True))
@@ -290,6 +315,30 @@ class PayloadSelector:
             LayerPanel(collection, stat, layers, values[positions]) for collection, stat, layers, positions in layout.panels
         )
         return Payload(tuple(scalars), globals_, histograms, panels)  # type: ignore[arg-type]
+
+
+# (id of the run, choice) -> the selector its backends share; a selector holds its run, so the id
+# is not reused while the entry lives, and the entry goes with the last backend holding it
+_SHARED: weakref.WeakValueDictionary[tuple[int, TrackerStats], _SharedSelector] = weakref.WeakValueDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+class _SharedSelector(PayloadSelector):
+    def __init__(self, tracker_stats: TrackerStats, run: object) -> None:
+        super().__init__(tracker_stats)
+        self.run = run
+
+
+def shared_selector(tracker_stats: TrackerStats, run: object) -> PayloadSelector:
+    """The selector of ``run`` (the dispatcher opens every backend with the same
+    :class:`~tensorlens.backends.base.RunInfo` object) for ``tracker_stats``: three trackers of one
+    run choose each record's payload once instead of three times."""
+    key = (id(run), tracker_stats)
+    with _SHARED_LOCK:
+        selector = _SHARED.get(key)
+        if selector is None or selector.run is not run:
+            selector = _SHARED[key] = _SharedSelector(tracker_stats, run)
+        return selector
 
 
 def layer_panels(record: StepRecord) -> tuple[LayerPanel, ...]:
