@@ -22,8 +22,10 @@ the payload of :mod:`tensorlens.backends.payload`, chosen with ``tracker_stats``
 - records of other modes and single workers get their own sections (``tensorlens-eval-activations``),
   with the mode step as ``tensorlens-eval/step``.
 
-Custom-chart tables are logged every ``table_every`` saved steps and once more at ``close()``:
-each logged table is an artifact. ``layer_heatmaps=True`` adds a heatmap of every layer over steps
+Custom-chart tables are logged at the first saved step, then every ``table_every`` saved steps
+but at most once every ``table_interval`` seconds, and once more at ``close()``: each logged table
+is an artifact, and logging the eight default tables costs the backend thread (which shares the
+GIL with training) about 0.2 s of CPU. ``layer_heatmaps=True`` adds a heatmap of every layer over steps
 per panel and ``heatmap_tensors`` a histogram-over-steps heatmap per named tensor; both need their
 Vega-Lite spec installed once with ``tensorlens wandb-install-chart --entity E`` (see
 :mod:`tensorlens.integrations._wandb_charts`).
@@ -43,8 +45,10 @@ row's values.
 from __future__ import annotations
 
 import collections
+import math
 import re
 import sys
+import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -81,6 +85,8 @@ if TYPE_CHECKING:
 #: ``profile``'s default: the payload's panels (one per collection and statistic, see
 #: :mod:`tensorlens.backends.payload`).
 DEFAULT_PROFILES = "panels"
+#: Seconds between two logs of the custom-chart tables while training, by default.
+TABLE_INTERVAL_S = 60.0
 #: Records held back while a user who passes ``step=`` has not moved on to the next row.
 MAX_DEFERRED = 32
 #: Seconds W&B holds back a repeated alert of the same title (a rule firing on many tensors).
@@ -109,6 +115,9 @@ class WandbBackend(Backend):
             row of its own.
         table_every: log the custom-chart tables every this many saved train steps (the first
             saved step included), and once more at ``close()``.
+        table_interval: ... but at most once every this many seconds (default 60; ``0``: every
+            ``table_every`` saved steps however fast they come). The tables at ``close()`` hold
+            every step either way; this only bounds how often the charts refresh while training.
         tracker_stats: what this backend sends of each record: ``"default"``, ``"all"`` or
             statistic names (:mod:`tensorlens.backends.payload`); default ``None``: the run's
             ``tracker_stats`` option, else ``$TENSORLENS_TRACKER_STATS``, else ``"default"``.
@@ -145,6 +154,7 @@ class WandbBackend(Backend):
         histograms: bool = True,
         extra_step_keys: Sequence[str] | str = (),
         table_every: int = 10,
+        table_interval: float = TABLE_INTERVAL_S,
         tracker_stats: str | Sequence[str] | None = None,
         profile: str | tuple[str, str] | Sequence[tuple[str, str]] | None = DEFAULT_PROFILES,
         layer_heatmaps: bool = False,
@@ -164,6 +174,8 @@ class WandbBackend(Backend):
             raise expected("extra_step_keys", "a list of non-empty key names", extra_step_keys)
         if isinstance(table_every, bool) or not isinstance(table_every, int) or table_every < 1:
             raise expected("table_every", "an integer >= 1", table_every)
+        if isinstance(table_interval, bool) or not isinstance(table_interval, (int, float)) or not 0 <= table_interval < math.inf:
+            raise expected("table_interval", "a number of seconds >= 0", table_interval)
         self.tracker_stats = check_tracker_stats("tracker_stats", tracker_stats)
         profiles = _profiles(profile)
         if not isinstance(layer_heatmaps, bool):
@@ -176,6 +188,8 @@ class WandbBackend(Backend):
         self.histograms = histograms
         self.extra_step_keys = keys
         self.table_every = table_every
+        self.table_interval = float(table_interval)
+        self._tables_logged_at: float | None = None  # time.monotonic() of the last table log while training
         self.profiles = profiles
         self._heatmap_match = _tensor_matcher(heatmap_tensors)
         self.heatmap_chart = heatmap_chart
@@ -274,7 +288,7 @@ class WandbBackend(Backend):
         payload = self.payload(record)
         row = self._row(record, payload)
         if record.mode == ModeKeys.TRAIN and self._take_snapshots(record, payload.panels):
-            if (self._train_records - 1) % self.table_every == 0:
+            if (self._train_records - 1) % self.table_every == 0 and self._tables_due():
                 row.update(self._charts())
         self._last_step = record.step
         self._log(row, record.step)
@@ -397,6 +411,13 @@ class WandbBackend(Backend):
             self._train_records += 1
             self._unlogged = True
         return taken
+
+    def _tables_due(self) -> bool:
+        now = time.monotonic()
+        if self._tables_logged_at is not None and now - self._tables_logged_at < self.table_interval:
+            return False
+        self._tables_logged_at = now
+        return True
 
     def _charts(self) -> dict[str, Any]:
         if self.heatmap_chart is not None:

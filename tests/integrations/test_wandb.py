@@ -177,7 +177,7 @@ def test_extra_step_keys_get_rows_of_their_own_next_to_a_logger(tmp_path: Any) -
     run = start_run(tmp_path)
     run.define_metric("trainer/global_step")
     run.define_metric("*", step_metric="trainer/global_step", step_sync=True)
-    backend = WandbBackend(run=run, extra_step_keys=("trainer/global_step",), table_every=2,
+    backend = WandbBackend(run=run, extra_step_keys=("trainer/global_step",), table_every=2, table_interval=0,
                            heatmap_tensors=r"^gradients/2\.", heatmap_chart="my-team/tensorlens/histogram-heatmap")
     model = make_model()
     hook = tl.watch(model, save_interval=1, backends=[backend], out_dir=tmp_path / "tl")
@@ -312,6 +312,31 @@ def test_without_user_rows_every_record_keeps_its_own_row(tmp_path: Any) -> None
     assert sorted({row[0] for row in profile["data"]}) == [0, 1, 2, 3]
 
 
+def test_tables_are_logged_at_most_once_per_table_interval_and_complete_at_close(tmp_path: Any) -> None:
+    start_run(tmp_path)
+    backend = WandbBackend(table_every=1, table_interval=3600)
+    model = make_model()
+    hook = tl.watch(model, save_interval=1, backends=[backend], out_dir=tmp_path / "tl")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(5):
+        model(torch.randn(8, 6)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    hook.close()
+    wandb.finish()
+    run_file = read_run_dir(str(tmp_path))
+    assert sorted(assert_matches_store(run_file, hook.run_dir)) == [0, 1, 2, 3, 4]
+    # table_every=1 alone would log the tables five times: the first saved step and close() only
+    logged = [row for row in run_file.history if "tensorlens-gradients/per-layer/l2_table" in row]
+    assert len(logged) == 2
+    profile = latest_table(run_file, "tensorlens-gradients/per-layer/l2")
+    names = [name for name, _ in model.named_parameters()]
+    with tl.open_run(hook.run_dir) as stored:
+        expected = [[step, depth, name, stored.tensor(f"gradients/{name}").reduction_value(step, "l2")]
+                    for step in range(5) for depth, name in enumerate(names)]
+    assert profile["data"] == expected
+
+
 def test_nan_gradients_are_visible(tmp_path: Any) -> None:
     start_run(tmp_path)
     model = make_model()
@@ -402,6 +427,8 @@ def test_disabled_run_is_skipped(tmp_path: Any) -> None:
         ({"histograms": 1}, "Expected `histograms` to be a bool, but got 1"),
         ({"extra_step_keys": [""]}, "Expected `extra_step_keys` to be"),
         ({"table_every": 0}, "Expected `table_every` to be an integer >= 1, but got 0"),
+        ({"table_interval": -1}, "Expected `table_interval` to be a number of seconds >= 0, but got -1"),
+        ({"table_interval": "60"}, "Expected `table_interval` to be a number of seconds >= 0"),
         ({"profile": ("gradients",)}, "Expected `profile` to be \"panels\", None or a pair"),
         ({"heatmap_tensors": "("}, "Expected `heatmap_tensors` to be"),
         ({"heatmap_tensors": [1]}, "Expected `heatmap_tensors` to be"),
