@@ -52,6 +52,7 @@ from tensorlens.engine.metadata import flatten
 from tensorlens.findings import Finding
 from tensorlens.integrations import _mlflow_replay
 from tensorlens.integrations._mlflow_artifacts import HistogramChunk, LayerImages
+from tensorlens.integrations._mlflow_batches import MAX_METRICS_PER_BATCH, SEND_INTERVAL_S, MetricBatches
 from tensorlens.integrations._mlflow_keys import (
     MAX_KEY_LENGTH,
     MODE_NAMES,
@@ -74,7 +75,9 @@ _EPOCHS = "epochs/"
 
 __all__ = [
     "MAX_KEY_LENGTH",
+    "MAX_METRICS_PER_BATCH",
     "QUANTILES",
+    "SEND_INTERVAL_S",
     "SERIES_SUFFIXES",
     "MLflowBackend",
     "MetricKeyMapper",
@@ -82,17 +85,11 @@ __all__ = [
     "mlflow_metric_key",
 ]
 
-#: MLflow's stores and REST API reject more metrics in one ``log_batch`` request.
-MAX_METRICS_PER_BATCH = 1000
 #: MLflow's limit on a tag value (``MAX_TAG_VAL_LENGTH``).
 MAX_TAG_VALUE = 5000
 #: ... and more params (or tags) in one request, and longer param values.
 MAX_PARAMS_PER_BATCH = 100
 MAX_PARAM_LENGTH = 6000
-
-# Async mode: wait for the oldest batches once this many are in flight, so memory stays bounded
-# and failures surface while training runs instead of only at close().
-_MAX_PENDING_ASYNC = 32
 
 
 def _import_mlflow() -> Any:
@@ -115,6 +112,10 @@ class MLflowBackend(Backend):
         prefix: the first part of every metric key and of the artifact folder.
         synchronous: ``False`` sends metrics with ``log_batch(synchronous=False)`` and waits for
             them at ``flush()``/``close()`` (and when 32 batches are in flight).
+        send_interval: seconds the metrics of saved steps are held, then sent together in one
+            ``log_batch`` (at most 1000 metrics a request; also sent at ``flush()``, ``close()``
+            and before a rule finding). One request per saved step would cost a round trip, or a
+            SQLite transaction, each time; ``0`` sends every record's metrics at once.
         histogram_every: saved steps per histogram artifact (one JSON file for all tensors);
             ``0`` sends no histogram artifacts (quantile metrics are always sent).
         heatmaps: at ``close()``, one image per collection and statistic of the per-layer panels
@@ -147,6 +148,7 @@ class MLflowBackend(Backend):
         client: MlflowClient | None = None,
         prefix: str = "tensorlens",
         synchronous: bool = True,
+        send_interval: float = SEND_INTERVAL_S,
         histogram_every: int = 10,
         heatmaps: bool = True,
         tracker_stats: str | list[str] | tuple[str, ...] | None = None,
@@ -159,6 +161,8 @@ class MLflowBackend(Backend):
             raise expected("prefix", "a string of letters, digits, `_ . - /` and spaces, without empty or dot-only parts", prefix)
         if not isinstance(synchronous, bool):
             raise expected("synchronous", "a bool", synchronous)
+        if isinstance(send_interval, bool) or not isinstance(send_interval, (int, float)) or not 0 <= send_interval < float("inf"):
+            raise expected("send_interval", "a number of seconds >= 0 (0 sends each record's metrics at once)", send_interval)
         if isinstance(histogram_every, bool) or not isinstance(histogram_every, int) or histogram_every < 0:
             raise expected("histogram_every", "an integer >= 0 (0 turns histogram artifacts off)", histogram_every)
         if not isinstance(heatmaps, bool):
@@ -187,12 +191,13 @@ class MLflowBackend(Backend):
         self.run_id: str = run_id
         self.prefix = prefix
         self.synchronous = synchronous
+        self.send_interval = float(send_interval)
         self.histogram_every = histogram_every
         self.heatmaps = heatmaps
         self.keys = MetricKeyMapper()
         self._client = client
         self._run: RunInfo | None = None
-        self._pending: list[Any] = []  # RunOperations of asynchronous log_batch calls
+        self._batches = MetricBatches(run_id, synchronous, self.send_interval)  # metrics not sent yet
         self._chunks: dict[ModeKeys, HistogramChunk] = {}
         self._layers = LayerImages()
         # (mode, worker, record key) -> MLflow key: the payload names series by record key, and a
@@ -232,6 +237,7 @@ class MLflowBackend(Backend):
         _probe(self.tracking_uri)
         if self._client is None:
             self._client = _import_mlflow().MlflowClient(tracking_uri=self.tracking_uri)
+        self._batches.client = self._client
         # fails early, with MLflow's own message, for a wrong run id or a store that cannot be read
         self._client.get_run(self.run_id)
         from mlflow.entities import RunTag
@@ -330,7 +336,7 @@ class MLflowBackend(Backend):
         chunk = self._chunks.get(record.mode)
         full = chunk if chunk is not None and len(chunk.records) >= self.histogram_every else None
         try:
-            self._send(metrics)
+            self._batches.add(metrics)
             if full is not None:
                 self._upload_chunk(full)
         finally:
@@ -348,27 +354,32 @@ class MLflowBackend(Backend):
         timestamp = max(int(time.time() * 1000), self._last_timestamp + 1)
         self._last_timestamp = timestamp
         key = self.keys("/".join(p for p in (self.prefix, "rules", finding.rule) if p), identity=f"\x00rules\x00{finding.rule}")
-        self._client.log_batch(
-            self.run_id,
-            metrics=[Metric(key, float(count), timestamp, int(finding.step))],
+        # the metrics held so far go first, in the same request: the finding follows its step's record
+        metrics, self._batches.held = [*self._batches.held, Metric(key, float(count), timestamp, int(finding.step))], []
+        self._batches.send(
+            metrics,
             tags=[RunTag(f"tensorlens.rules.{mlflow_metric_key(finding.rule).replace('/', '_')}", str(finding)[:MAX_TAG_VALUE])],
         )
 
     def flush(self) -> None:
-        """Wait for asynchronous batches and upload the histogram chunks begun so far.
+        """Send the metrics held, wait for asynchronous batches and upload the histogram chunks
+        begun so far.
 
         A chunk uploaded early is uploaded again, under the same name, once it is complete. When
         the server is unreachable, raises ``ConnectionError`` at once instead of waiting for
         MLflow's retries (asynchronous batches are left to MLflow's own queue).
         """
-        if not self._pending and not any(chunk.dirty for chunk in self._chunks.values()):
+        batches = self._batches
+        if not batches.held and not batches.pending and not any(chunk.dirty for chunk in self._chunks.values()):
             return
         try:
             _probe(self.tracking_uri)
         except ConnectionError:
-            self._pending = []
+            batches.pending = []  # the held metrics stay (at most a batch): sent if it comes back
             raise
-        self._wait(len(self._pending))
+        if batches.held:
+            batches.send_held()
+        batches.wait(len(batches.pending))
         for chunk in list(self._chunks.values()):
             if chunk.dirty:
                 self._upload_chunk(chunk)
@@ -460,29 +471,6 @@ class MLflowBackend(Backend):
         identity = json.dumps([self.prefix, str(mode), named_worker, None, name])
         return self.keys(global_key(self.prefix, mode, worker, name), identity=identity, canonical=canonical)
 
-    def _send(self, metrics: list[Any]) -> None:
-        assert self._client is not None, "MLflowBackend.write before open"
-        for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
-            batch = metrics[start : start + MAX_METRICS_PER_BATCH]
-            if self.synchronous:
-                self._client.log_batch(self.run_id, metrics=batch)
-            else:
-                self._pending.append(self._client.log_batch(self.run_id, metrics=batch, synchronous=False))
-        if len(self._pending) > _MAX_PENDING_ASYNC:
-            self._wait(len(self._pending) - _MAX_PENDING_ASYNC // 2)
-
-    def _wait(self, count: int) -> None:
-        """Wait for the ``count`` oldest asynchronous batches; raise if any of them failed."""
-        waiting, self._pending = self._pending[:count], self._pending[count:]
-        failures = []
-        for operations in waiting:
-            try:
-                operations.wait()
-            except Exception as err:
-                failures.append(err)
-        if failures:
-            raise RuntimeError(f"{len(failures)} of {len(waiting)} asynchronous log_batch calls failed: {failures[0]}")
-
     # -- histogram artifacts
 
     def _chunk(self, mode: ModeKeys) -> HistogramChunk:
@@ -496,8 +484,11 @@ class MLflowBackend(Backend):
         folder = os.path.join(self._tmp, "histograms", str(chunk.mode))
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, chunk.filename)
+        # json.dumps and one write: json.dump to a file runs the pure-Python encoder, several
+        # times slower, on a thread that shares the GIL with training
+        text = json.dumps(chunk.document(self._run), separators=(",", ":"), allow_nan=False)
         with open(path, "w", encoding="utf-8") as file:
-            json.dump(chunk.document(self._run), file, separators=(",", ":"), allow_nan=False)
+            file.write(text)
         try:
             self._client.log_artifact(self.run_id, path, f"{self.artifact_root}/histograms/{chunk.mode}")
         finally:

@@ -867,7 +867,8 @@ def test_a_frozen_tracker_holds_close_only_for_the_stall_timeout(own_server, tmp
     process, uri = own_server
     client = MlflowClient(uri)
     run_id = _new_run(client, tmp_path)
-    backend = MLflowBackend(tracking_uri=uri, run_id=run_id, histogram_every=0, heatmaps=False)
+    # send_interval=0: each write() sends its record, so the frozen server holds the writes
+    backend = MLflowBackend(tracking_uri=uri, run_id=run_id, histogram_every=0, heatmaps=False, send_interval=0)
     model = Tiny()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

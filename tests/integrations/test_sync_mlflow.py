@@ -220,7 +220,8 @@ def test_a_server_killed_mid_sync_fails_in_seconds_and_the_next_sync_resumes(tmp
         class KillingTarget(MLflowTarget):
             def start(self, run_name: str, run_id: str | None) -> tuple[Any, str]:
                 _, run_id = super().start(run_name, run_id)
-                return MLflowBackend(client=KillingClient(uri, server, kill_at=9), run_id=run_id), run_id
+                # send_interval=0: one request per record, so the 9th request is the 9th record's
+                return MLflowBackend(client=KillingClient(uri, server, kill_at=9), run_id=run_id, send_interval=0), run_id
 
         started = time.monotonic()
         with pytest.raises(SyncError, match="stopped after 8 new records"):
