@@ -91,9 +91,21 @@ class _Units:
     module: str
     counts: torch.Tensor | None = None  # [F], whole numbers as floats
     positions: int = 0
-    saturated: torch.Tensor | None = None  # int64 0-d
+    saturated: torch.Tensor | int | None = None  # int64 0-d (a number from the compiled kernel)
     values: int = 0
     norms: list[torch.Tensor] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _UnitPlan:
+    """The fixed part of the module statistics' vector for one layout (see :meth:`Dynamics._unit_plan`)."""
+
+    sizes: list[int]  # units per output
+    outputs: list[tuple[str, bool]]  # (name, has unit counts) per output
+    names: tuple[tuple[str, str], ...]  # the scalars' names
+    segment: torch.Tensor  # [sum(sizes)]: the output of each count
+    width: torch.Tensor  # float64 [M]: units per output
+    index: torch.Tensor  # [len(names)]: where each scalar is in [dead (M), active (M), saturation (M)]
 
 
 class Dynamics:
@@ -123,6 +135,7 @@ class Dynamics:
         self._counting: _Step | None = None  # the saved step whose NaN/Inf may need counting
         self._units: dict[tuple[ModeKeys, str], _Units] = {}
         self._grad_norms: dict[tuple[ModeKeys, str, str], list[torch.Tensor]] = {}
+        self._plan: tuple[Any, _UnitPlan] | None = None  # the last layout of the module statistics
 
     # ------------------------------------------------------------------ parameters
 
@@ -356,8 +369,14 @@ class Dynamics:
             return
         cfg = self.config
         acc = self._units.setdefault((self._mode(), name), _Units(module_name))
-        if cfg.units:
-            counts, positions = derived.unit_activity(output, channel_last, cfg.active_threshold)
+        saturation = cfg.saturation and bounds is not None
+        read = derived.output_statistics(
+            output, channel_last, cfg.active_threshold,
+            derived.saturation_bounds(bounds[0], bounds[1], cfg.saturation_threshold) if saturation else None,
+            units=cfg.units, norms=cfg.output_norms, normalize=cfg.normalize_output_norms,
+        )
+        if read.counts is not None:
+            counts, positions = read.counts, read.positions
             if acc.counts is None:
                 acc.counts, acc.positions = counts, positions
             elif acc.counts.shape == counts.shape:
@@ -365,14 +384,11 @@ class Dynamics:
             else:
                 self._warn(f"dynamics of {name}: calls with {acc.counts.numel()} and {counts.numel()} units in one step; "
                            "the later calls are left out of its unit statistics")
-        if cfg.saturation and bounds is not None:
-            count = derived.saturated_count(output, bounds[0], bounds[1], cfg.saturation_threshold)
-            acc.saturated = count if acc.saturated is None else acc.saturated + count
+        if read.saturated is not None:
+            acc.saturated = read.saturated if acc.saturated is None else acc.saturated + read.saturated
             acc.values += output.numel()
-        if cfg.output_norms:
-            norms = derived.sample_norms(output, cfg.normalize_output_norms)
-            if norms is not None:
-                acc.norms.append(norms)
+        if read.norms is not None:
+            acc.norms.append(read.norms)
 
     def add_grad_norms(self, kind: str, module_name: str, name: str, norms: torch.Tensor) -> None:
         """Per-sample gradient norms w.r.t. a module output (``activation_gradients``) or input
@@ -400,7 +416,7 @@ class Dynamics:
         return jobs + unit_jobs, scalars
 
     def _unit_results(self, units: dict[str, _Units], reducer: Any, collection: Any) -> tuple[list[TensorJob], DerivedScalars | None]:
-        # one vector per output: [counts (F), positions, saturated, values]; its key says what it holds
+        # each output's (key, counts (F) + 3): its counts, then its [positions, saturated, values]; the key says what it holds
         layout = [
             (f"{name}\x00{int(acc.counts is not None)}{int(acc.saturated is not None)}",
              (acc.counts.numel() if acc.counts is not None else 0) + 3)
@@ -411,48 +427,90 @@ class Dynamics:
         if not layout:
             return [], None
         device = next((acc.counts.device for acc in units.values() if acc.counts is not None), None)
-        device = device or next((acc.saturated.device for acc in units.values() if acc.saturated is not None), torch.device("cpu"))
-        pieces = []
-        for key, size in layout:
-            acc = units.get(key.split("\x00", 1)[0])
-            vector = torch.zeros(size, dtype=torch.float64, device=device)
-            if acc is not None and (acc.counts.numel() if acc.counts is not None else 0) + 3 == size:
-                if acc.counts is not None:
-                    vector[: size - 3] = acc.counts.to(device, torch.float64)
-                vector[size - 3] = float(acc.positions)
-                if acc.saturated is not None:
-                    vector[size - 2] = acc.saturated.to(device, torch.float64)
-                vector[size - 1] = float(acc.values)
-            pieces.append(vector)
-        flat = torch.cat(pieces)
+        device = device or next(
+            (acc.saturated.device for acc in units.values() if isinstance(acc.saturated, torch.Tensor)), torch.device("cpu")
+        )
+        plan = self._unit_plan(layout, device)
+        flat = self._unit_vector(units, plan, device)
         if reducer is not None:
             flat = reducer.sum(flat)
-        names: list[tuple[str, str]] = []
-        values: list[torch.Tensor] = []
+        # every output at once: one flat vector of counts, segment sums over its outputs
+        total = sum(plan.sizes)
+        counts = flat[:total]
+        positions, saturated, values = flat[total:].reshape(len(plan.sizes), 3).unbind(1)
+        rates, dead, active = derived.segment_unit_statistics(counts, positions, plan.segment, plan.width)
+        scalars = torch.cat([dead, active, derived.fraction(saturated, values)])[plan.index]
         jobs: list[TensorJob] = []
-        offset = 0
-        for key, size in layout:
-            name, flags = key.split("\x00", 1)
-            vector = flat[offset : offset + size]
-            offset += size
+        for (name, has_counts), piece in zip(plan.outputs, rates.split(plan.sizes), strict=True):
+            # an output that saw no position (an empty batch) has no rate: its vector is 0/0, so it
+            # is left out (its dead/active fractions are UNDEFINED, dropped and counted); known on
+            # the host in one process only, so a run of ranks that all saw an empty batch keeps NaN
+            if not has_counts or (reducer is None and units.get(name) is not None and units[name].positions == 0):
+                continue
+            job = self._job(collection, f"activations/{name}/{UNIT_RATES}", [piece], partitioned=False)
+            if job.histogram is not None and job.histogram.enabled:
+                job.histogram = dataclasses.replace(job.histogram, range=(0.0, 1.0))  # one axis for all steps
+            jobs.append(job)
+        return jobs, (DerivedScalars(plan.names, scalars) if plan.names else None)
+
+    def _unit_plan(self, layout: list[tuple[str, int]], device: torch.device) -> _UnitPlan:
+        """What the layout decides, built once while it stays the same (almost always: the same
+        modules every saved step): segment indices, widths, the scalars' names and where they are."""
+        key = (tuple(layout), device)
+        if self._plan is not None and self._plan[0] == key:
+            return self._plan[1]
+        sizes = [size - 3 for _, size in layout]
+        m = len(sizes)
+        outputs, names, index = [], [], []
+        for i, (key_name, _) in enumerate(layout):
+            name, flags = key_name.split("\x00", 1)
+            outputs.append((name, flags[0] == "1"))
             if flags[0] == "1":
-                rates, dead, active = derived.unit_statistics(vector[: size - 3], vector[size - 3])
                 names += [(f"activations/{name}", "dead_fraction"), (f"activations/{name}", "active_rate_mean")]
-                values += [dead, active]
-                # an output that saw no position (an empty batch) has no rate: its vector is 0/0, so it
-                # is left out (its dead/active fractions are UNDEFINED, dropped and counted); known on
-                # the host in one process only, so a run of ranks that all saw an empty batch keeps NaN
-                unseen = reducer is None and units.get(name) is not None and units[name].positions == 0
-                if not unseen:
-                    job = self._job(collection, f"activations/{name}/{UNIT_RATES}", [rates], partitioned=False)
-                    if job.histogram is not None and job.histogram.enabled:
-                        job.histogram = dataclasses.replace(job.histogram, range=(0.0, 1.0))  # one axis for all steps
-                    jobs.append(job)
+                index += [i, m + i]
             if flags[1] == "1":
                 names.append((f"activations/{name}", "saturation_fraction"))
-                values.append(derived.fraction(vector[size - 2], vector[size - 1]))
-        scalars = DerivedScalars(tuple(names), torch.stack(values).to(torch.float64)) if names else None
-        return jobs, scalars
+                index.append(2 * m + i)
+        plan = _UnitPlan(
+            sizes=sizes, outputs=outputs, names=tuple(names),
+            segment=torch.repeat_interleave(torch.arange(m), torch.tensor(sizes, dtype=torch.long)).to(device),
+            width=torch.tensor(sizes, dtype=torch.float64).to(device),
+            index=torch.tensor(index, dtype=torch.long).to(device),
+        )
+        self._plan = (key, plan)
+        return plan
+
+    @staticmethod
+    def _unit_vector(units: dict[str, _Units], plan: _UnitPlan, device: torch.device) -> torch.Tensor:
+        """``[counts of every output..., (positions, saturated, values) of every output...]``, float64;
+        zeros for an output this rank did not see (or saw with another number of units)."""
+        pieces: list[torch.Tensor] = []
+        rows: list[tuple[float, float, float]] = []
+        counted: list[tuple[int, torch.Tensor]] = []  # saturated counts still on the device
+        for i, ((name, _), width) in enumerate(zip(plan.outputs, plan.sizes, strict=True)):
+            acc = units.get(name)
+            if acc is None or (acc.counts.numel() if acc.counts is not None else 0) != width:
+                rows.append((0.0, 0.0, 0.0))
+                if width:
+                    pieces.append(torch.zeros(width, dtype=torch.float64, device=device))
+                continue
+            if acc.counts is not None:
+                pieces.append(acc.counts.to(device))
+            saturated = 0.0
+            if isinstance(acc.saturated, torch.Tensor):
+                counted.append((i, acc.saturated))
+            elif acc.saturated is not None:
+                saturated = float(acc.saturated)
+            rows.append((float(acc.positions), saturated, float(acc.values)))
+        tail = torch.tensor(rows, dtype=torch.float64)
+        if device.type != "cpu":  # pageable memory, not waited for: no host sync on a saved step
+            tail = tail.to(device, non_blocking=True)
+        if counted:
+            at = torch.tensor([i for i, _ in counted], dtype=torch.long).to(device, non_blocking=True)
+            tail[:, 1].index_put_((at,), torch.stack([c.to(device) for _, c in counted]).to(torch.float64), accumulate=True)
+        if not pieces:
+            return tail.reshape(-1)
+        return torch.cat([torch.cat(pieces).to(torch.float64), tail.reshape(-1)])
 
     def _job(self, collection: Any, name: str, pieces: list[torch.Tensor], partitioned: bool) -> TensorJob:
         # the dynamics collection's own reductions, else DYNAMICS_REDUCTIONS (not the hook-wide

@@ -19,12 +19,15 @@ Device functions take and return tensors without a host sync; numpy references f
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
+
+from tensorlens.stats import native
 
 #: Per-parameter partial sums, in order (columns of the ``[N, K]`` matrix the engine merges).
 PARAMETER_PARTIALS = (
@@ -85,11 +88,14 @@ def _flat(tensor: torch.Tensor) -> torch.Tensor:
 def dot_products(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> torch.Tensor:
     """``[sum(a_i * b_i) for i]`` as float64 ``[N]`` on the tensors' device, without a host sync.
 
-    Small tensors are summed in float64 in one batched buffer; large ones with ``torch.dot`` in
-    their compute dtype (float32 for half precision): BLAS, no temporary the size of the tensor
-    (a product then a sum would allocate one per parameter), about 5e-7 relative error of
-    ``sum(|a_i b_i|)`` at millions of float32 values (a float64 accumulation is ~100x slower on
-    the CPU; float64 tensors are exact to ~1e-15).
+    CPU tensors that :func:`~tensorlens.stats.native.supports` (float32/float64, contiguous, each
+    pair of one dtype) are read by the compiled kernel in one call: products summed in float64,
+    about ``n * 1e-16`` of ``sum(|a_i b_i|)``. Otherwise small tensors are summed in float64 in one
+    batched buffer; large ones with ``torch.dot`` in their compute dtype (float32 for half
+    precision): BLAS, no temporary the size of the tensor (a product then a sum would allocate one
+    per parameter), about 5e-7 relative error of ``sum(|a_i b_i|)`` at millions of float32 values
+    (a float64 accumulation is ~100x slower with PyTorch ops on the CPU; float64 tensors are exact
+    to ~1e-15).
 
     >>> dot_products([torch.ones(3)], [torch.arange(3.0)])
     tensor([3.], dtype=torch.float64)
@@ -98,24 +104,63 @@ def dot_products(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> torch.
         raise ValueError(f"dot_products: {len(a)} tensors against {len(b)}")
     if not a:
         return torch.zeros(0, dtype=torch.float64)
+    read = _native_dots(a, b)
+    if read is not None:
+        return read
     device = a[0].device
     out = torch.zeros(len(a), dtype=torch.float64, device=device)
     small = [i for i in range(len(a)) if a[i].numel() <= SMALL_TENSOR]
     if small:
-        left = torch.cat([_flat(a[i]).to(device, torch.float64) for i in small])
-        right = torch.cat([_flat(b[i]).to(device, torch.float64) for i in small])
-        sizes = torch.tensor([a[i].numel() for i in small], device=device)
-        segment = torch.repeat_interleave(torch.arange(len(small), device=device), sizes)
+        # one cat and one cast for all of them (PyTorch promotes mixed dtypes), not one per tensor
+        left = _joined([a[i] for i in small], device)
+        right = left if all(a[i] is b[i] for i in small) else _joined([b[i] for i in small], device)
+        segment = _segments(tuple(a[i].numel() for i in small), device)
         sums = torch.zeros(len(small), dtype=torch.float64, device=device).index_add_(0, segment, left * right)
         out[torch.tensor(small, device=device)] = sums
-    for i in range(len(a)):
-        if a[i].numel() > SMALL_TENSOR:
+    large = [i for i in range(len(a)) if a[i].numel() > SMALL_TENSOR]
+    if large:
+        dots = []
+        for i in large:
             x = _flat(a[i])
             y = x if a[i] is b[i] else _flat(b[i]).to(x.device)
             if x.dtype != y.dtype:
                 x, y = x.to(torch.float64), y.to(torch.float64)
-            out[i] = torch.dot(x, y)
+            dots.append(torch.dot(x, y).to(torch.float64))
+        out[torch.tensor(large, device=device)] = torch.stack(dots).to(device)
     return out
+
+
+#: The kernel reads the tensors with one thread where it has no PyTorch OpenMP threads to share:
+#: from this many values on, PyTorch's threads (``torch.dot``) do it instead.
+NATIVE_DOTS_ONE_THREAD_LIMIT = 1 << 22
+_NATIVE_DTYPES = (torch.float32, torch.float64)
+
+
+def _native_dots(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    if native.build.library() is None or torch.compiler.is_compiling():
+        return None
+    for x, y in zip(a, b, strict=True):  # native.supports, spelled out: 100 calls cost more than the kernel
+        if not (x.is_cpu and x.dtype in _NATIVE_DTYPES and x.is_contiguous()):
+            return None
+        if y is not x and not (y.is_cpu and y.dtype == x.dtype and y.is_contiguous() and y.numel() == x.numel()):
+            return None
+    if sum(x.numel() for x in a) >= NATIVE_DOTS_ONE_THREAD_LIMIT and not native.shares_torch_threads():
+        if torch.get_num_threads() > 1:
+            return None
+    return native.dots(list(a), list(b))  # pointers only: no autograd
+
+
+def _joined(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    flats = [_flat(t) for t in tensors]
+    if any(f.device != device for f in flats):
+        flats = [f.to(device) for f in flats]
+    return torch.cat(flats).to(torch.float64)
+
+
+@functools.lru_cache(maxsize=32)  # the same parameters every saved step
+def _segments(sizes: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The index of the tensor each value of their concatenation comes from."""
+    return torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)).to(device)
 
 
 def squared_norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -299,18 +344,102 @@ def unit_statistics(counts: torch.Tensor, positions: torch.Tensor | float) -> tu
     return rates, dead, active
 
 
+def segment_unit_statistics(
+    counts: torch.Tensor, positions: torch.Tensor, segment: torch.Tensor, width: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`unit_statistics` of ``M`` outputs at once: ``(rates [sum F], dead_fraction [M],
+    active_rate_mean [M])`` from their counts side by side (float64), output ``segment[j]`` for
+    count ``j``, ``width[m]`` units (float64) and ``positions[m]`` (float64) each. A few ops for
+    all outputs instead of a few each; the same values, up to the order of a float64 sum."""
+    rates = counts / positions[segment]  # 0/0 without any position: NaN (reduced as any tensor)
+    zeros = torch.zeros(len(width), dtype=torch.float64, device=counts.device)
+    dead = zeros.index_add(0, segment, (counts == 0).to(torch.float64)) / width
+    active = zeros.index_add(0, segment, rates) / width
+    # no unit at all, or no position (an empty batch): neither dead nor active, a fraction of nothing
+    unseen = (width == 0) | (positions == 0)
+    undefined = torch.full_like(dead, UNDEFINED)
+    return rates, torch.where(unseen, undefined, dead), torch.where(unseen, undefined, active)
+
+
+def saturation_bounds(low: float, high: float, threshold: float) -> tuple[float, float]:
+    """``(at_most, at_least)``: a value is saturated when ``<= at_most`` or ``>= at_least``, within
+    ``(1 - threshold) * max(|low|, |high|)`` of ``low`` or ``high``."""
+    margin = (1.0 - threshold) * max(abs(low), abs(high))
+    return low + margin, high - margin
+
+
 def saturated_count(output: torch.Tensor, low: float, high: float, threshold: float) -> torch.Tensor:
     """How many values lie within ``(1 - threshold) * max(|low|, |high|)`` of ``low`` or ``high``
     (``|y| >= 0.99`` for tanh at ``threshold=0.99``), int64 0-d; NaN is not saturated."""
-    margin = (1.0 - threshold) * max(abs(low), abs(high))
+    at_most, at_least = saturation_bounds(low, high, threshold)
     y = output.detach()
-    return ((y >= high - margin) | (y <= low + margin)).sum()
+    return ((y >= at_least) | (y <= at_most)).sum()
 
 
-def sample_norms(tensor: torch.Tensor, normalize: bool = False) -> torch.Tensor | None:
+@dataclasses.dataclass
+class OutputStatistics:
+    """What :func:`output_statistics` reads from one module output (``None``: not asked for)."""
+
+    counts: torch.Tensor | None  # [F] per-unit active counts, whole numbers as floats
+    positions: int  # positions per unit
+    saturated: torch.Tensor | int | None  # saturated values (int64 0-d, or a number from the kernel)
+    norms: torch.Tensor | None  # float64 [B] per-sample norms
+
+
+def output_statistics(
+    output: torch.Tensor, channel_last: bool, threshold: float = 0.0, bounds: tuple[float, float] | None = None,
+    units: bool = True, norms: bool = True, normalize: bool = False,
+) -> OutputStatistics:
+    """:func:`unit_activity` (with ``units``), :func:`saturated_count` over ``bounds`` (``(at_most,
+    at_least)`` of :func:`saturation_bounds`) and :func:`sample_norms` (with ``norms``) of one
+    module output with at least one dimension, in one read by the compiled kernel
+    (:func:`tensorlens.stats.native.output_statistics`) where it reads the tensor, else with
+    PyTorch ops: the same counts, and norms summed in float64 instead of float32 slices."""
+    y = output.detach()
+    read = _native_read(y, channel_last, threshold, bounds, units, norms, normalize)
+    if read is not None:
+        return read
+    counts, positions = unit_activity(y, channel_last, threshold) if units else (None, 0)
+    saturated = ((y >= bounds[1]) | (y <= bounds[0])).sum() if bounds is not None else None
+    return OutputStatistics(counts, positions, saturated, sample_norms(y, normalize, native_read=False) if norms else None)
+
+
+#: Without PyTorch's OpenMP threads to share, the kernel reads an output with one thread: outputs
+#: from this many values on are left to PyTorch's threads instead.
+NATIVE_ONE_THREAD_LIMIT = 1 << 20
+
+
+def _native_read(
+    y: torch.Tensor, channel_last: bool, threshold: float, bounds: tuple[float, float] | None, units: bool, norms: bool,
+    normalize: bool,
+) -> OutputStatistics | None:
+    """:func:`output_statistics` by the compiled kernel; ``None`` where it does not read ``y``."""
+    if y.dim() == 0 or not native.supports(y) or torch.compiler.is_compiling():  # a pointer is no graph op
+        return None
+    numel = y.numel()
+    if numel >= NATIVE_ONE_THREAD_LIMIT and not native.shares_torch_threads() and torch.get_num_threads() > 1:
+        return None
+    batch, units_, inner, positions = _unit_layout(y.shape, numel, channel_last)
+    divisor = math.sqrt(numel // batch) if normalize and numel else 1.0
+    read = native.output_statistics(y, batch, units_, inner, threshold, units, divisor if norms else None, bounds)
+    return OutputStatistics(read[0], positions if units else 0, read[2], read[1]) if read is not None else None
+
+
+def _unit_layout(shape: torch.Size, numel: int, channel_last: bool) -> tuple[int, int, int, int]:
+    """``(batch, units, inner, positions)`` of an output for the kernel (see ``outputs.c``)."""
+    axis = unit_axis(len(shape), channel_last)
+    if axis is None:
+        return shape[0], 1, 1, max(1, numel)
+    units = shape[axis]
+    return shape[0], units, (1 if axis == -1 else math.prod(shape[2:])), (numel // units if units else 0)
+
+
+def sample_norms(tensor: torch.Tensor, normalize: bool = False, native_read: bool = True) -> torch.Tensor | None:
     """``||t_i||_2`` of each sample ``t_i = tensor[i]`` (flattened), float64 ``[B]``;
     ``/ sqrt(d)`` with ``normalize`` (``d`` values per sample: monitorch's normalised
     OutputNorm). ``None`` for a 0-d tensor. TorchExplorer's io_grad applies it to gradients.
+    The compiled kernel reads a tensor it :func:`~tensorlens.stats.native.supports` in one call
+    (squares summed in float64); ``native_read=False`` keeps to PyTorch ops.
 
     >>> sample_norms(torch.tensor([[3.0, 4.0], [0.0, 1.0]]))
     tensor([5., 1.], dtype=torch.float64)
@@ -318,6 +447,9 @@ def sample_norms(tensor: torch.Tensor, normalize: bool = False) -> torch.Tensor 
     t = tensor.detach()
     if t.dim() == 0:
         return None
+    read = _native_read(t, True, 0.0, None, False, True, normalize) if native_read else None
+    if read is not None:
+        return read.norms
     flat = t.reshape(t.shape[0], math.prod(t.shape[1:]))  # not -1: an empty batch has 0 rows
     if flat.is_complex():
         flat = flat.abs()

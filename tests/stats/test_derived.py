@@ -289,3 +289,23 @@ def test_undefined_values_are_marked_without_a_host_sync() -> None:
     assert dead.item() == 2 / 3 and active.item() == float(np.mean([0.0, 3.0, 0.0]) / 4)  # numpy
     assert empty[1].item() == derived.UNDEFINED and empty[2].item() == derived.UNDEFINED
     assert saturation.item() == derived.UNDEFINED
+
+
+def test_segment_unit_statistics_equal_unit_statistics_of_each_output() -> None:
+    """The module statistics of all outputs at once (one flat vector, segment sums) against
+    :func:`unit_statistics` of each output alone: an output with units, one with no position (an
+    empty batch) and one with no unit at all."""
+    outputs = [(torch.tensor([0.0, 3.0, 5.0, 0.0]), 5.0), (torch.tensor([0.0, 0.0]), 0.0), (torch.zeros(0), 4.0),
+               (torch.tensor([7.0]), 7.0)]
+    counts = torch.cat([c for c, _ in outputs]).to(torch.float64)
+    positions = torch.tensor([p for _, p in outputs], dtype=torch.float64)
+    sizes = [len(c) for c, _ in outputs]
+    segment = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    rates, dead, active = derived.segment_unit_statistics(counts, positions, segment, torch.tensor(sizes, dtype=torch.float64))
+    for m, ((c, p), piece) in enumerate(zip(outputs, rates.split(sizes), strict=True)):
+        one_rates, one_dead, one_active = derived.unit_statistics(c, torch.tensor(p, dtype=torch.float64))
+        np.testing.assert_array_equal(piece.numpy(), one_rates.numpy())  # NaN where there was no position
+        assert float(dead[m]) == pytest.approx(float(one_dead), rel=1e-15)
+        assert float(active[m]) == pytest.approx(float(one_active), rel=1e-15)
+    assert float(dead[1]) == float(active[1]) == float(dead[2]) == float(active[2]) == derived.UNDEFINED
+    assert (float(dead[0]), float(active[0])) == (0.5, pytest.approx(8 / 20)) and float(active[3]) == 1.0

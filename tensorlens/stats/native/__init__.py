@@ -22,16 +22,18 @@ from tensorlens.stats.native.kernels import (
     COLUMNS,
     HistogramBatch,
     MomentsBatch,
+    dots,
     edges,
     finite_ranges,
     histograms,
     moments,
     moments_one,
+    output_statistics,
     supports,
     wants,
 )
 
 __all__ = [
-    "COLUMNS", "HistogramBatch", "MomentsBatch", "available", "edges", "finite_ranges", "histograms", "moments",
-    "moments_one", "prepare", "reset", "shares_torch_threads", "supports", "wants",
+    "COLUMNS", "HistogramBatch", "MomentsBatch", "available", "dots", "edges", "finite_ranges", "histograms", "moments",
+    "moments_one", "output_statistics", "prepare", "reset", "shares_torch_threads", "supports", "wants",
 ]

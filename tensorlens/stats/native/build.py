@@ -1,6 +1,6 @@
 """Building and loading the optional compiled statistics kernel for CPU tensors: one read per value instead of about six.
 
-``moments.c`` (next to this file) is compiled on first use with the system's C compiler into a
+``moments.c`` (next to this file; with ``outputs.c`` and ``dots.c`` for the dynamics) is compiled on first use with the system's C compiler into a
 per-user cache (``$TENSORLENS_CACHE`` or ``~/.cache/tensorlens``), keyed by the source, the
 compiler and the CPU, and loaded with :mod:`ctypes` (which releases the GIL during the call).
 It needs no Python headers and builds in well under a second. Where there is no compiler, or the
@@ -33,6 +33,9 @@ import warnings
 from pathlib import Path
 
 _SOURCE = Path(__file__).with_name("moments.c")
+# compiled into the same library, for the dynamics: module outputs' unit counts, per-sample norms and
+# saturation (outputs.c), the parameters' squared norms and dot products (dots.c)
+_SOURCES = (_SOURCE, Path(__file__).with_name("outputs.c"), Path(__file__).with_name("dots.c"))
 _FLAG_SETS = (["-O3", "-march=native"], ["-O3"])  # -march=native may be unknown to the compiler
 _OPENMP = "-fopenmp"
 _lock = threading.Lock()
@@ -126,7 +129,7 @@ def _build() -> ctypes.CDLL | None:
     compiler = _compiler()
     if compiler is None:
         return None
-    source = _SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in _SOURCES)
     cache, temporary = _private_cache()
     try:
         return _build_in(cache, compiler, source)
@@ -151,7 +154,7 @@ def _build_in(cache: Path, compiler: str, source: bytes) -> ctypes.CDLL | None:
                 with tempfile.TemporaryDirectory(dir=cache) as scratch:
                     built = Path(scratch) / "moments.so"
                     subprocess.run(
-                        [compiler, *flags, "-fPIC", "-shared", "-pthread", "-o", str(built), str(_SOURCE), "-lm"],
+                        [compiler, *flags, "-fPIC", "-shared", "-pthread", "-o", str(built), *map(str, _SOURCES), "-lm"],
                         check=True, capture_output=True, timeout=60,
                     )
                     os.chmod(built, 0o755)
@@ -176,6 +179,14 @@ def _build_in(cache: Path, compiler: str, source: bytes) -> ctypes.CDLL | None:
         library.tl_edges.restype = ctypes.c_int
         library.tl_finite_range.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 6
         library.tl_finite_range.restype = ctypes.c_int
+        library.tl_output_stats.argtypes = [
+            ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+            ctypes.c_double, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_double, ctypes.c_double, ctypes.c_double,
+            ctypes.c_void_p, ctypes.c_int32,
+        ]
+        library.tl_output_stats.restype = ctypes.c_int
+        library.tl_dots.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 5 + [ctypes.c_int32]
+        library.tl_dots.restype = ctypes.c_int
         return library
     return None
 

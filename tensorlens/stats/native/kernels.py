@@ -226,3 +226,60 @@ class HistogramBatch:
             bins, int(self.clip), counts.ctypes.data, below.ctypes.data, above.ctypes.data,
         )
         return counts, below, above
+
+
+#: Outputs of at least this many values share the work among PyTorch's OpenMP threads (a thread
+#: per this many values, as :func:`moments` does); smaller ones are read by one thread.
+OUTPUT_VALUES_PER_THREAD = 1 << 16
+
+
+def output_statistics(
+    values: torch.Tensor, batch: int, units: int, inner: int, threshold: float, counts: bool, norm_divisor: float | None,
+    bounds: tuple[float, float] | None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, int | None] | None:
+    """One read of a module output that :func:`supports`, seen as ``[batch, numel / batch]`` with
+    ``units`` units of ``inner`` consecutive values repeating along each row (``inner=1``:
+    channel-last; one unit: ``units=inner=1``); see ``outputs.c``. Returns ``(counts, norms,
+    saturated)``: float64 ``[units]`` counts of ``|x| > threshold`` when ``counts``; float64
+    ``[batch]`` per-sample L2 norms divided by ``norm_divisor`` when it is given; the number of
+    values ``>= bounds[1]`` or ``<= bounds[0]`` when ``bounds`` are. ``None`` without the kernel."""
+    library = build.library()
+    if library is None:
+        return None
+    numel = values.numel()
+    count_out = torch.empty(units, dtype=torch.float64) if counts else None
+    norm_out = torch.empty(batch, dtype=torch.float64) if norm_divisor is not None else None
+    saturated = ctypes.c_int64(0)
+    threads = 1
+    if numel >= 2 * OUTPUT_VALUES_PER_THREAD and build.shares_torch_threads():
+        threads = min(_thread_cap(), numel // OUTPUT_VALUES_PER_THREAD)
+    status = library.tl_output_stats(
+        values.data_ptr(), values.dtype == torch.float64, batch, numel // batch if batch else 0, units, inner,
+        threshold, count_out.data_ptr() if count_out is not None else None,
+        norm_out.data_ptr() if norm_out is not None else None, norm_divisor or 1.0,
+        bounds[0] if bounds is not None else 0.0, bounds[1] if bounds is not None else 0.0,
+        ctypes.addressof(saturated) if bounds is not None else None, threads,
+    )
+    if status != 0:
+        return None
+    return count_out, norm_out, (saturated.value if bounds is not None else None)
+
+
+def dots(a: list[torch.Tensor], b: list[torch.Tensor]) -> torch.Tensor | None:
+    """``[sum(a[i] * b[i])]`` as float64 ``[len(a)]`` in one call (``dots.c``: products summed
+    in double), for pairs that :func:`supports`, each of one dtype and size; ``None`` without the kernel."""
+    library = build.library()
+    if library is None:
+        return None
+    k = len(a)
+    out = torch.empty(k, dtype=torch.float64)
+    numel = [t.numel() for t in a]
+    total = sum(numel)
+    threads = 1
+    if total >= 2 * OUTPUT_VALUES_PER_THREAD and build.shares_torch_threads():
+        threads = min(_thread_cap(), total // OUTPUT_VALUES_PER_THREAD)
+    status = library.tl_dots(
+        k, (ctypes.c_void_p * k)(*[t.data_ptr() for t in a]), (ctypes.c_void_p * k)(*[t.data_ptr() for t in b]),
+        (ctypes.c_int64 * k)(*numel), (ctypes.c_int32 * k)(*[t.dtype == torch.float64 for t in a]), out.data_ptr(), threads,
+    )
+    return out if status == 0 else None
