@@ -77,9 +77,13 @@ def _finite_or_none(value: float) -> float | None:
 
 
 def histogram_json(h: HistogramEntry) -> dict[str, Any]:
+    # whole arrays at once: a Python call per bin cost ~6 ms per saved step of a GPT-2 on the
+    # backend thread, which shares the GIL with training
+    edges = np.asarray(h.edges, dtype=np.float64)
+    finite = np.isfinite(edges)
     return {
-        "counts": [int(c) for c in h.counts],
-        "edges": [_finite_or_none(float(e)) for e in h.edges],
+        "counts": np.asarray(h.counts).astype(np.int64).tolist(),
+        "edges": edges.tolist() if finite.all() else [e if ok else None for e, ok in zip(edges.tolist(), finite.tolist(), strict=True)],
         "min": _finite_or_none(float(h.min)),
         "max": _finite_or_none(float(h.max)),
         "count": int(h.count),
