@@ -36,6 +36,7 @@ import torch
 
 from tensorlens.compute.jobs import DerivedScalars, TensorJob
 from tensorlens.config import DynamicsConfig, ReductionConfig
+from tensorlens.engine.dynamics_units import UnitPlan, unit_plan, unit_vector
 from tensorlens.engine.schedule import Schedule
 from tensorlens.modes import ModeKeys
 from tensorlens.stats import derived
@@ -96,18 +97,6 @@ class _Units:
     norms: list[torch.Tensor] = dataclasses.field(default_factory=list)
 
 
-@dataclasses.dataclass
-class _UnitPlan:
-    """The fixed part of the module statistics' vector for one layout (see :meth:`Dynamics._unit_plan`)."""
-
-    sizes: list[int]  # units per output
-    outputs: list[tuple[str, bool]]  # (name, has unit counts) per output
-    names: tuple[tuple[str, str], ...]  # the scalars' names
-    segment: torch.Tensor  # [sum(sizes)]: the output of each count
-    width: torch.Tensor  # float64 [M]: units per output
-    index: torch.Tensor  # [len(names)]: where each scalar is in [dead (M), active (M), saturation (M)]
-
-
 class Dynamics:
     """Keeps the copies and accumulators of the ``dynamics`` collection (see the module docstring).
 
@@ -135,7 +124,8 @@ class Dynamics:
         self._counting: _Step | None = None  # the saved step whose NaN/Inf may need counting
         self._units: dict[tuple[ModeKeys, str], _Units] = {}
         self._grad_norms: dict[tuple[ModeKeys, str, str], list[torch.Tensor]] = {}
-        self._plan: tuple[Any, _UnitPlan] | None = None  # the last layout of the module statistics
+        self._plan: tuple[Any, UnitPlan] | None = None  # the last layout of the module statistics
+        self._scalar_plan: tuple[Any, torch.Tensor, dict[str, list[int]], dict[Any, Any]] | None = None  # and of the parameters'
 
     # ------------------------------------------------------------------ parameters
 
@@ -329,23 +319,36 @@ class Dynamics:
         values = derived.parameter_dynamics(partials)
         stats = list(PARAMETER_STATISTICS)
         matrix = torch.stack([values[s] for s in stats], dim=1)  # [N, S]
-        recorded = torch.tensor([[state.has[s][i] for s in stats] for i in range(len(state.names))], device=matrix.device)
+        # what depends only on the parameters and what they take part in: the same every saved step
+        key = (tuple(state.names), tuple(tuple(state.has[s]) for s in stats), matrix.device)
+        if self._scalar_plan is None or self._scalar_plan[0] != key:
+            recorded = torch.tensor([[state.has[s][i] for s in stats] for i in range(len(state.names))], device=matrix.device)
+            every = list(range(len(state.names)))
+            rows = {"grad_norm": [i for i, ok in enumerate(state.has["grad_to_weight"]) if ok], "weight_norm": every,
+                    "update_norm": every}
+            rows.update({s: [i for i, ok in enumerate(state.has[s]) if ok] for s in ("grad_cosine", "update_cosine", "distance_from_init")})
+            self._scalar_plan = (key, recorded, rows, {})
+        _, recorded, rows, layouts = self._scalar_plan
         nan_counts = (torch.isnan(matrix) & recorded).sum(dim=1).to(torch.float64)
-        rows = {
-            "grad_norm": [i for i, ok in enumerate(state.has["grad_to_weight"]) if ok],
-            "weight_norm": list(range(len(state.names))),
-            "update_norm": list(range(len(state.names))),
-            "grad_cosine": [i for i, ok in enumerate(state.has["grad_cosine"]) if ok],
-            "update_cosine": [i for i, ok in enumerate(state.has["update_cosine"]) if ok],
-            "distance_from_init": [i for i, ok in enumerate(state.has["distance_from_init"]) if ok],
-        }
         overall = derived.global_dynamics(partials, rows)
         if clipped is not None:
             overall["grad_norm_clipped"] = torch.sqrt(clipped.reshape(()))
         overall["nan_count"] = nan_counts.sum()
+        global_stats = tuple(s for s in derived.GLOBAL_STATISTICS if s in overall)
+        if global_stats not in layouts:
+            layouts[global_stats] = self._scalar_layout(state, stats, global_stats, matrix.device)
+        names, index = layouts[global_stats]
+        flat = torch.cat([matrix.reshape(-1), nan_counts, torch.stack([overall[s].to(torch.float64) for s in global_stats])])
+        return DerivedScalars(names, flat[index])
+
+    @staticmethod
+    def _scalar_layout(
+        state: _Step, stats: list[str], global_stats: tuple[str, ...], device: torch.device
+    ) -> tuple[tuple[tuple[str, str], ...], torch.Tensor]:
+        """The names of the recorded scalars and where each is in ``[matrix [N, S], nan counts [N], global]``."""
         names: list[tuple[str, str]] = []
         index: list[int] = []
-        width = len(stats)
+        width, n = len(stats), len(state.names)
         for i, name in enumerate(state.names):
             tensor = f"dynamics/{name}"
             for s, stat in enumerate(stats):
@@ -353,12 +356,10 @@ class Dynamics:
                     names.append((tensor, stat))
                     index.append(i * width + s)
             names.append((tensor, "nan_count"))
-            index.append(matrix.numel() + i)
-        global_stats = [s for s in derived.GLOBAL_STATISTICS if s in overall]
+            index.append(n * width + i)
         names += [(GLOBAL, s) for s in global_stats]
-        index += range(matrix.numel() + len(state.names), matrix.numel() + len(state.names) + len(global_stats))
-        flat = torch.cat([matrix.reshape(-1), nan_counts, torch.stack([overall[s].to(torch.float64) for s in global_stats])])
-        return DerivedScalars(tuple(names), flat[torch.tensor(index, device=flat.device)])
+        index += range(n * width + n, n * width + n + len(global_stats))
+        return tuple(names), torch.tensor(index, device=device)
 
     # ------------------------------------------------------------------ module outputs
 
@@ -430,8 +431,10 @@ class Dynamics:
         device = device or next(
             (acc.saturated.device for acc in units.values() if isinstance(acc.saturated, torch.Tensor)), torch.device("cpu")
         )
-        plan = self._unit_plan(layout, device)
-        flat = self._unit_vector(units, plan, device)
+        if self._plan is None or self._plan[0] != (tuple(layout), device):
+            self._plan = ((tuple(layout), device), unit_plan(layout, device))
+        plan = self._plan[1]
+        flat = unit_vector(units, plan, device)
         if reducer is not None:
             flat = reducer.sum(flat)
         # every output at once: one flat vector of counts, segment sums over its outputs
@@ -452,65 +455,6 @@ class Dynamics:
                 job.histogram = dataclasses.replace(job.histogram, range=(0.0, 1.0))  # one axis for all steps
             jobs.append(job)
         return jobs, (DerivedScalars(plan.names, scalars) if plan.names else None)
-
-    def _unit_plan(self, layout: list[tuple[str, int]], device: torch.device) -> _UnitPlan:
-        """What the layout decides, built once while it stays the same (almost always: the same
-        modules every saved step): segment indices, widths, the scalars' names and where they are."""
-        key = (tuple(layout), device)
-        if self._plan is not None and self._plan[0] == key:
-            return self._plan[1]
-        sizes = [size - 3 for _, size in layout]
-        m = len(sizes)
-        outputs, names, index = [], [], []
-        for i, (key_name, _) in enumerate(layout):
-            name, flags = key_name.split("\x00", 1)
-            outputs.append((name, flags[0] == "1"))
-            if flags[0] == "1":
-                names += [(f"activations/{name}", "dead_fraction"), (f"activations/{name}", "active_rate_mean")]
-                index += [i, m + i]
-            if flags[1] == "1":
-                names.append((f"activations/{name}", "saturation_fraction"))
-                index.append(2 * m + i)
-        plan = _UnitPlan(
-            sizes=sizes, outputs=outputs, names=tuple(names),
-            segment=torch.repeat_interleave(torch.arange(m), torch.tensor(sizes, dtype=torch.long)).to(device),
-            width=torch.tensor(sizes, dtype=torch.float64).to(device),
-            index=torch.tensor(index, dtype=torch.long).to(device),
-        )
-        self._plan = (key, plan)
-        return plan
-
-    @staticmethod
-    def _unit_vector(units: dict[str, _Units], plan: _UnitPlan, device: torch.device) -> torch.Tensor:
-        """``[counts of every output..., (positions, saturated, values) of every output...]``, float64;
-        zeros for an output this rank did not see (or saw with another number of units)."""
-        pieces: list[torch.Tensor] = []
-        rows: list[tuple[float, float, float]] = []
-        counted: list[tuple[int, torch.Tensor]] = []  # saturated counts still on the device
-        for i, ((name, _), width) in enumerate(zip(plan.outputs, plan.sizes, strict=True)):
-            acc = units.get(name)
-            if acc is None or (acc.counts.numel() if acc.counts is not None else 0) != width:
-                rows.append((0.0, 0.0, 0.0))
-                if width:
-                    pieces.append(torch.zeros(width, dtype=torch.float64, device=device))
-                continue
-            if acc.counts is not None:
-                pieces.append(acc.counts.to(device))
-            saturated = 0.0
-            if isinstance(acc.saturated, torch.Tensor):
-                counted.append((i, acc.saturated))
-            elif acc.saturated is not None:
-                saturated = float(acc.saturated)
-            rows.append((float(acc.positions), saturated, float(acc.values)))
-        tail = torch.tensor(rows, dtype=torch.float64)
-        if device.type != "cpu":  # pageable memory, not waited for: no host sync on a saved step
-            tail = tail.to(device, non_blocking=True)
-        if counted:
-            at = torch.tensor([i for i, _ in counted], dtype=torch.long).to(device, non_blocking=True)
-            tail[:, 1].index_put_((at,), torch.stack([c.to(device) for _, c in counted]).to(torch.float64), accumulate=True)
-        if not pieces:
-            return tail.reshape(-1)
-        return torch.cat([torch.cat(pieces).to(torch.float64), tail.reshape(-1)])
 
     def _job(self, collection: Any, name: str, pieces: list[torch.Tensor], partitioned: bool) -> TensorJob:
         # the dynamics collection's own reductions, else DYNAMICS_REDUCTIONS (not the hook-wide

@@ -158,6 +158,11 @@ def _joined(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=32)  # the same parameters every saved step
+def _index(rows: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.long, device=device)
+
+
+@functools.lru_cache(maxsize=32)  # the same parameters every saved step
 def _segments(sizes: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """The index of the tensor each value of their concatenation comes from."""
     return torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)).to(device)
@@ -267,7 +272,7 @@ def global_dynamics(partials: torch.Tensor, rows: Mapping[str, Sequence[int]]) -
     device = partials.device
 
     def total(name: str, stat: str) -> torch.Tensor:
-        return col[name][torch.tensor(list(rows[stat]), dtype=torch.long, device=device)].sum()
+        return col[name][_index(tuple(rows[stat]), device)].sum()
 
     out: dict[str, torch.Tensor] = {}
     for stat, column in (("grad_norm", "grad_sq"), ("weight_norm", "weight_sq"), ("update_norm", "update_sq"),
