@@ -113,8 +113,8 @@ class MLflowBackend(Backend):
         synchronous: ``False`` sends metrics with ``log_batch(synchronous=False)`` and waits for
             them at ``flush()``/``close()`` (and when 32 batches are in flight).
         send_interval: seconds the metrics of saved steps are held, then sent together in one
-            ``log_batch`` (at most 1000 metrics a request; also sent at ``flush()``, ``close()``
-            and before a rule finding). One request per saved step would cost a round trip, or a
+            ``log_batch`` with the next record written (at most 1000 metrics a request; also sent
+            at ``flush()``, ``close()`` and before a rule finding). One request per saved step would cost a round trip, or a
             SQLite transaction, each time; ``0`` sends every record's metrics at once.
         histogram_every: saved steps per histogram artifact (one JSON file for all tensors);
             ``0`` sends no histogram artifacts (quantile metrics are always sent).
