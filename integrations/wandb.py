@@ -200,6 +200,7 @@ class WandbBackend(Backend):
         self._run: Any = None
         self._disabled = False
         self._pending_step: int | None = None  # W&B step of the open row holding our last record
+        self._local_agreed = False  # the run's own step counter matched _pending_step when it was read
         self._deferred: collections.deque[dict[str, Any]] = collections.deque()  # rows waiting for a row
         self._last_step = 0
         self._train_records = 0  # saved train records seen: drives the table schedule
@@ -375,7 +376,7 @@ class WandbBackend(Backend):
     def _drain(self, run: Any, final: bool = False) -> None:
         """Log waiting rows, oldest first, each into an open row that holds no record of ours."""
         while self._deferred:
-            if self._pending_step is not None and run.step == self._pending_step:
+            if self._pending_step is not None and not self._moved_on(run) and run.step == self._pending_step:
                 # Our previous record is still in the open row: this one would overwrite it.
                 if not final and len(self._deferred) <= MAX_DEFERRED and _user_passes_step(run):
                     # You log with step=: closing your open row now could make W&B drop your
@@ -386,6 +387,16 @@ class WandbBackend(Backend):
             # Read after logging: if the user commits in between, we see a newer step and at
             # worst close a row that was not ours, never overwrite our own values.
             self._pending_step = run.step
+            self._local_agreed = _local_step(run) == self._pending_step
+
+    def _moved_on(self, run: Any) -> bool:
+        """Whether the row of our last record is closed, known without asking the W&B service
+        (``run.step`` is a round trip, ~17 ms, on every record). The run's own counter
+        ``_local_step`` goes up only after a commit (or a larger ``step=``) was sent to the
+        service; if it agreed with the service's step when we read that, and is larger now,
+        someone closed our row since. Anything else asks the service."""
+        local = _local_step(run)
+        return self._local_agreed and local is not None and self._pending_step is not None and local > self._pending_step
 
     # ------------------------------------------------------------------ custom charts
 
@@ -424,6 +435,12 @@ class WandbBackend(Backend):
             self._tables.heatmap_chart = self.heatmap_chart
         self._unlogged = False
         return self._tables.charts(self._wandb)
+
+
+def _local_step(run: Any) -> int | None:
+    """W&B's client-side step counter (a private attribute: ``None`` when it is not a plain int)."""
+    local = getattr(run, "_local_step", None)
+    return local if type(local) is int else None
 
 
 def _user_passes_step(run: Any) -> bool:

@@ -242,6 +242,38 @@ def test_records_and_user_rows_all_arrive_when_the_threads_race(tmp_path: Any) -
     assert [row["loss"] for row in run_file.history if "loss" in row] == losses
 
 
+def test_a_user_committing_every_step_costs_one_step_query_per_record(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run.step`` is a round trip to the W&B service. When the user's own rows move W&B's step
+    on, the run's client-side counter says so, and only the read after logging is left."""
+    run = start_run(tmp_path)
+    reads = []
+    step_property = type(run).step
+    monkeypatch.setattr(type(run), "step", property(lambda self: reads.append(1) or step_property.fget(self)))
+    model = make_model()
+    hook = tl.watch(model, save_interval=1, backends=["wandb"], out_dir=tmp_path / "tl", histograms=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(10):
+        loss = model(torch.randn(8, 6)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        assert hook.flush()  # the record lands before the user's row is committed
+        losses.append(loss.item())
+        run.log({"loss": losses[-1]})
+    hook.close()
+    monkeypatch.undo()
+    wandb.finish()
+    # one read per logged row: 10 records and the tables at close() (21 before: one more per
+    # record after the first, asking whether our previous row was closed)
+    assert len(reads) == 11
+    run_file = read_run_dir(str(tmp_path))
+    rows = assert_matches_store(run_file, hook.run_dir)
+    assert sorted(rows) == list(range(10))
+    for step, row in rows.items():  # each record in the user's row of its step
+        assert row["loss"] == losses[step]
+
+
 def test_user_rows_with_explicit_steps_stay_intact(tmp_path: Any) -> None:
     run = start_run(tmp_path)
     model = make_model()
