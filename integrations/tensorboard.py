@@ -220,9 +220,10 @@ class TensorBoardBackend(Backend):
         step = record.mode_step if record.mode in _MODE_STEP_MODES else record.step
         mode, worker, prefix = record.mode, record.worker, self.prefix
         payload = self.payload(record)
-        scalars = [(tracker_key(prefix, mode, worker, key), value) for key, value in payload.scalars]
-        scalars += [(global_key(prefix, mode, worker, name), value) for name, value in payload.globals]
-        histograms = [(histogram_key(prefix, mode, worker, h.tensor), *_buckets(h)) for h in payload.histograms]
+        key = self.memo_key
+        scalars = [(key(tracker_key, prefix, mode, worker, name), value) for name, value in payload.scalars]
+        scalars += [(key(global_key, prefix, mode, worker, name), value) for name, value in payload.globals]
+        histograms = [(key(histogram_key, prefix, mode, worker, h.tensor), *_buckets(h)) for h in payload.histograms]
         for panel in payload.panels:
             tag = panel_key(prefix, mode, worker, panel.collection, panel.stat)
             histograms.append((tag, *_profile_buckets(panel)))

@@ -343,15 +343,16 @@ class WandbBackend(Backend):
         row: dict[str, Any] = {global_key(prefix, ModeKeys.TRAIN, None, "step"): int(record.step)}
         if mode != ModeKeys.TRAIN:
             row[global_key(prefix, mode, None, "step")] = int(record.mode_step)
-        for key, value in payload.scalars:
-            row[tracker_key(prefix, mode, worker, key)] = float(value)  # NaN and Inf go through as they are
+        key = self.memo_key
+        for name, value in payload.scalars:
+            row[key(tracker_key, prefix, mode, worker, name)] = float(value)  # NaN and Inf go through as they are
         for name, value in payload.globals:
-            row[global_key(prefix, mode, worker, name)] = float(value)
+            row[key(global_key, prefix, mode, worker, name)] = float(value)
         if self.histograms:
             for hist in payload.histograms:
                 value = self._histogram(hist)
                 if value is not None:
-                    row[histogram_key(prefix, mode, worker, hist.tensor)] = value
+                    row[key(histogram_key, prefix, mode, worker, hist.tensor)] = value
         return row
 
     def _histogram(self, hist: HistogramEntry) -> Any:

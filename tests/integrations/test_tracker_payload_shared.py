@@ -94,3 +94,22 @@ def test_threads_asking_for_one_record_get_one_payload() -> None:
         thread.join()
     for i in range(len(records)):
         assert got[0][i] is got[1][i] is got[2][i]
+
+
+def test_memo_key_builds_each_key_once_and_returns_what_the_function_does() -> None:
+    from tensorlens.backends.keys import histogram_key, tracker_key
+
+    built = []
+
+    def counting(*parts: object) -> str:
+        built.append(parts)
+        return tracker_key(*parts)  # type: ignore[arg-type]
+
+    backend = Taking("keys")
+    for _ in range(3):
+        assert backend.memo_key(counting, "tl", tl.ModeKeys.EVAL, "worker_1", "gradients/a/l2") == tracker_key(
+            "tl", tl.ModeKeys.EVAL, "worker_1", "gradients/a/l2")
+        assert backend.memo_key(histogram_key, "tl", tl.ModeKeys.TRAIN, None, "gradients/a") == histogram_key(
+            "tl", tl.ModeKeys.TRAIN, None, "gradients/a")
+    assert len(built) == 1
+    assert Taking("other").memo_key(counting, "tl", tl.ModeKeys.EVAL, "worker_1", "gradients/a/l2") and len(built) == 2
