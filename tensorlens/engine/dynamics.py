@@ -97,6 +97,13 @@ class _Units:
     norms: list[torch.Tensor] = dataclasses.field(default_factory=list)
 
 
+def _sums(pairs: list[tuple[list[torch.Tensor], list[torch.Tensor]]], device: torch.device) -> list[torch.Tensor]:
+    """:func:`~tensorlens.stats.derived.dot_products` of several lists of pairs in one call (one
+    kernel call on the CPU, one batch elsewhere), split back into one float64 vector per list."""
+    sums = derived.dot_products([x for xs, _ in pairs for x in xs], [y for _, ys in pairs for y in ys]).to(device)
+    return list(sums.split([len(xs) for xs, _ in pairs]))
+
+
 class Dynamics:
     """Keeps the copies and accumulators of the ``dynamics`` collection (see the module docstring).
 
@@ -200,39 +207,41 @@ class Dynamics:
     ) -> torch.Tensor:
         device = params[0].device
         partials = torch.zeros((len(params), len(PARAMETER_PARTIALS)), dtype=torch.float64, device=device)
-        partials[:, PARTIAL["weight_sq"]] = derived.squared_norms(params).to(device)
         at = [i for i, g in enumerate(grads) if g is not None]
+        cos = [i for i, ok in enumerate(has["grad_cosine"]) if ok] if prev is not None else []
+        previous = [prev.grads[id(tensors[i])] for i in cos] if prev is not None else []
+        known = self._previous_squares(prev, [tensors[i] for i in cos], 0, device) if prev is not None else None
+        init = [i for i, ok in enumerate(has["distance_from_init"]) if ok] if self._init is not None else []
+        moved = [params[i] - self._init[id(tensors[i])].to(params[i].device) for i in init] if self._init is not None else []
+        with_grad = [grads[i] for i in at]
+        weight_sq, grad_sq, grad_dot, prev_sq, init_sq = _sums(
+            [(params, params), (with_grad, with_grad), ([grads[i] for i in cos], previous),
+             ([], []) if known is not None else (previous, previous), (moved, moved)], device,
+        )
+        partials[:, PARTIAL["weight_sq"]] = weight_sq
         if at:
             index = torch.tensor(at, device=device)
-            grad_sq = derived.squared_norms([grads[i] for i in at]).to(device)
             partials[index, PARTIAL["grad_sq"]] = grad_sq
             # a finite sum of squares means no NaN/Inf; otherwise NaN: counted exactly once the
             # step is on the host and shows one (complete_nonfinite), as the engine does for NaN
             partials[index, PARTIAL["grad_nonfinite"]] = torch.where(
                 torch.isfinite(grad_sq), torch.zeros_like(grad_sq), torch.full_like(grad_sq, math.nan)
             )
-        cos = [i for i, ok in enumerate(has["grad_cosine"]) if ok]
-        if cos and prev is not None:
+        if cos:
             index = torch.tensor(cos, device=device)
-            previous = [prev.grads[id(tensors[i])] for i in cos]
-            partials[index, PARTIAL["grad_dot_prev"]] = derived.dot_products([grads[i] for i in cos], previous).to(device)
-            partials[index, PARTIAL["prev_grad_sq"]] = self._previous_squares(prev, [tensors[i] for i in cos], previous, 0, device)
-        init = [i for i, ok in enumerate(has["distance_from_init"]) if ok]
-        if init and self._init is not None:
-            index = torch.tensor(init, device=device)
-            moved = [params[i] - self._init[id(tensors[i])].to(params[i].device) for i in init]
-            partials[index, PARTIAL["init_distance_sq"]] = derived.squared_norms(moved).to(device)
+            partials[index, PARTIAL["grad_dot_prev"]] = grad_dot
+            partials[index, PARTIAL["prev_grad_sq"]] = known if known is not None else prev_sq
+        if init:
+            partials[torch.tensor(init, device=device), PARTIAL["init_distance_sq"]] = init_sq
         return partials
 
     @staticmethod
-    def _previous_squares(
-        prev: _Previous, params: list[torch.Tensor], previous: list[torch.Tensor], which: int, device: torch.device
-    ) -> torch.Tensor:
-        """Squared norms of the previous step's gradients (``which=0``) or updates (``1``): taken
-        from that step when it was saved too, else computed."""
-        if all(id(p) in prev.squares for p in params):
+    def _previous_squares(prev: _Previous, params: list[torch.Tensor], which: int, device: torch.device) -> torch.Tensor | None:
+        """Squared norms of the previous step's gradients (``which=0``) or updates (``1``) when that
+        step was saved too (else ``None``: they are computed)."""
+        if params and all(id(p) in prev.squares for p in params):
             return torch.stack([prev.squares[id(p)][which] for p in params]).to(device)
-        return derived.squared_norms(previous).to(device)
+        return None
 
     def read_clipped(self, params: list[tuple[str, torch.Tensor]], piece: Piece) -> None:
         """The gradients again, after clipping (Lightning clips between reading them and the
@@ -263,13 +272,18 @@ class Dynamics:
             return None
         partials = state.partials
         device = partials.device
-        partials[:, PARTIAL["update_sq"]] = derived.squared_norms(updates).to(device)
-        cos = [i for i, ok in enumerate(state.has["update_cosine"]) if ok]
-        if cos and prev is not None:
+        cos = [i for i, ok in enumerate(state.has["update_cosine"]) if ok] if prev is not None else []
+        previous = [prev.updates[id(state.params[i])] for i in cos] if prev is not None else []
+        known = self._previous_squares(prev, [state.params[i] for i in cos], 1, device) if prev is not None else None
+        update_sq, update_dot, prev_sq = _sums(
+            [(updates, updates), ([updates[i] for i in cos], previous), ([], []) if known is not None else (previous, previous)],
+            device,
+        )
+        partials[:, PARTIAL["update_sq"]] = update_sq
+        if cos:
             index = torch.tensor(cos, device=device)
-            previous = [prev.updates[id(state.params[i])] for i in cos]
-            partials[index, PARTIAL["update_dot_prev"]] = derived.dot_products([updates[i] for i in cos], previous).to(device)
-            partials[index, PARTIAL["prev_update_sq"]] = self._previous_squares(prev, [state.params[i] for i in cos], previous, 1, device)
+            partials[index, PARTIAL["update_dot_prev"]] = update_dot
+            partials[index, PARTIAL["prev_update_sq"]] = known if known is not None else prev_sq
         if self._prev is not None and self._prev.step == state.step:  # consecutive saved steps: reuse these sums
             self._prev.squares = {
                 id(p): (partials[i, PARTIAL["grad_sq"]], partials[i, PARTIAL["update_sq"]]) for i, p in enumerate(state.params)
