@@ -461,3 +461,43 @@ def test_an_empty_batch_records_no_made_up_rate(tmp_path: Any) -> None:
     nan = {k.rsplit("/", 1)[0] for k, v in empty.items() if isinstance(v, float) and math.isnan(v)}
     assert nan and all(empty[f"{t}/numel"] == 0 and empty[f"{t}/nan_count"] == 0 for t in nan)
     assert not [f for f in tl.rules.evaluate(tmp_path / "r").findings]  # no rule reads a made-up value
+
+
+def test_the_compiled_kernel_and_the_pytorch_ops_record_the_same_dynamics(tmp_path: Any, monkeypatch: Any) -> None:
+    """Module outputs, gradient norms and parameter sums read by the compiled kernel (the default on
+    a CPU with a compiler) or by PyTorch ops (``TENSORLENS_NATIVE=0``): the same records, counts
+    exactly, sums to float64 rounding."""
+    from tensorlens.stats import native
+
+    monkeypatch.delenv("TENSORLENS_NATIVE", raising=False)
+    native.reset()
+    if not native.available():
+        pytest.skip("no C compiler here: the compiled kernel is not built")
+    calls: dict[str, int] = {"output_statistics": 0, "dots": 0}
+
+    def counting(name: str) -> Any:
+        read = getattr(native, name)
+
+        def counted(*args: Any) -> Any:
+            calls[name] += 1
+            return read(*args)
+
+        return counted
+
+    for name in calls:
+        monkeypatch.setattr(native, name, counting(name))
+    _, fast = watched_run(tmp_path / "kernel", 4, save_interval=3, distance_from_init=True)
+    assert calls["output_statistics"] > 0 and calls["dots"] > 0  # the kernel did read them
+    monkeypatch.setenv("TENSORLENS_NATIVE", "0")
+    _, slow = watched_run(tmp_path / "torch", 4, save_interval=3, distance_from_init=True)
+    assert [r.step for r in fast.records] == [r.step for r in slow.records] == [0, 3]
+    for a, b in zip(fast.records, slow.records, strict=True):
+        got, want = a.scalar_dict(), b.scalar_dict()
+        assert got.keys() == want.keys()
+        for key, value in want.items():
+            if key.endswith(("dead_fraction", "saturation_fraction", "/numel", "nan_count", "undefined_count")):
+                assert got[key] == value, key  # counts: exactly
+            elif math.isfinite(value):
+                assert got[key] == pytest.approx(value, rel=1e-12, abs=1e-300), key
+            else:
+                assert str(got[key]) == str(value), key
