@@ -1,8 +1,9 @@
 """Optional compiled statistics for CPU tensors: one read per value instead of about six.
 
-``moments.c`` (next to this file) is compiled on first use with the system's C compiler into a
-per-user cache (``$TENSORLENS_CACHE`` or ``~/.cache/tensorlens``), keyed by the source, the
-compiler and the CPU, and loaded with :mod:`ctypes` (which releases the GIL during the call).
+``moments.c`` (next to this file, with ``outputs.c`` and ``dots.c``: the dynamics' one read of a
+module output, and the dot products of many parameters in one call) is compiled on first use with
+the system's C compiler into a per-user cache (``$TENSORLENS_CACHE`` or ``~/.cache/tensorlens``),
+keyed by the sources, the compiler and the CPU, and loaded with :mod:`ctypes` (which releases the GIL during the call).
 It needs no Python headers and builds in well under a second. Where there is no compiler, or the
 build fails, or ``TENSORLENS_NATIVE=0``, :func:`moments` returns ``None`` and the caller uses
 PyTorch ops, which give the same statistics (see ``tests/test_native.py``).

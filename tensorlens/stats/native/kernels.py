@@ -1,5 +1,5 @@
 """The calls into the compiled kernel: moments (with the histogram's strided sample), binning and
-exact edges. Each returns ``None`` where the kernel is not built, and the caller uses PyTorch ops."""
+exact edges; for the dynamics, module outputs' unit counts and per-sample norms, and dot products. Each returns ``None`` where the kernel is not built, and the caller uses PyTorch ops."""
 
 from __future__ import annotations
 
