@@ -201,9 +201,10 @@ class _Layout:
     panels: tuple[tuple[str, str, tuple[str, ...], np.ndarray], ...]  # (collection, stat, layers, positions)
 
 
-#: Payloads a shared selector keeps, newest last: the backends of a run take the same records in
-#: the same order, a few records apart at most unless one falls far behind (then it is chosen again).
-_RECENT_PAYLOADS = 32
+#: Payloads a shared selector keeps until every backend sharing it took them, newest last: the
+#: backends of a run take the same records in the same order, a few records apart unless one
+#: falls far behind or drops records (then the oldest go, and it chooses again).
+_RECENT_PAYLOADS = 16
 
 
 class PayloadSelector:
@@ -225,10 +226,12 @@ class PayloadSelector:
         self._histograms = self._all or HISTOGRAM in listed
         self._flagged: set[str] = set()  # tensors that held NaN or Inf: their counts go from then on
         self._layouts: dict[tuple[Any, Any], _Layout] = {}  # the last few names seen -> their layout
-        # backends call select from their own threads; id(record) -> (record, its payload), the
-        # record held so that its id is not reused while it is a key
+        # backends call select from their own threads. id(record) -> (what tells the record from
+        # another that got its id after it was freed, its payload, backends that took it): the
+        # record itself is not held, it may carry raw tensors
         self._lock = threading.Lock()
-        self._recent: collections.OrderedDict[int, tuple[StepRecord, Payload]] = collections.OrderedDict()
+        self._recent: collections.OrderedDict[int, tuple[tuple[Any, ...], Payload, int]] = collections.OrderedDict()
+        self.users = 1  # backends sharing this selector: an entry goes once they all took it
 
     @property
     def sends_panels(self) -> bool:
@@ -282,14 +285,19 @@ class PayloadSelector:
 
     def select(self, record: StepRecord) -> Payload:
         """The payload of ``record``: chosen the first time it is asked for, then the same object."""
+        which = (record.step, record.mode, record.mode_step, record.worker, record.wall_time, record.scalar_names)
         with self._lock:
             known = self._recent.get(id(record))
-            if known is not None and known[0] is record:
-                return known[1]
-            payload = self._choose(record)
-            self._recent[id(record)] = (record, payload)
-            if len(self._recent) > _RECENT_PAYLOADS:
-                self._recent.popitem(last=False)
+            if known is not None and known[0] == which:
+                payload, taken = known[1], known[2] + 1
+            else:
+                payload, taken = self._choose(record), 1
+            if taken >= self.users:
+                self._recent.pop(id(record), None)
+            else:
+                self._recent[id(record)] = (which, payload, taken)
+                if len(self._recent) > _RECENT_PAYLOADS:
+                    self._recent.popitem(last=False)
             return payload
 
     def _choose(self, record: StepRecord) -> Payload:
@@ -338,6 +346,8 @@ def shared_selector(tracker_stats: TrackerStats, run: object) -> PayloadSelector
         selector = _SHARED.get(key)
         if selector is None or selector.run is not run:
             selector = _SHARED[key] = _SharedSelector(tracker_stats, run)
+            selector.users = 0
+        selector.users += 1
         return selector
 
 

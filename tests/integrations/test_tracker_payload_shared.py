@@ -11,7 +11,7 @@ from torch import nn
 
 import tensorlens as tl
 from tensorlens.backends.base import Backend, RunInfo
-from tensorlens.backends.payload import Payload, PayloadSelector
+from tensorlens.backends.payload import Payload, PayloadSelector, shared_selector
 from tensorlens.records import StepRecord
 
 
@@ -64,6 +64,7 @@ def test_backends_of_a_run_share_each_records_payload_and_it_is_the_one_of_their
         _same(payload, own_default.select(record))
         _same(payload3, own_all.select(record))
     assert any(key.endswith("/nan_count") for key, _ in first.taken[-1][1].scalars)  # the selector's memory still works
+    assert not first._payload_selector._recent  # let go once both took each: records may carry raw tensors
 
 
 def test_selectors_are_shared_per_run_object_and_choice_only() -> None:
@@ -77,9 +78,11 @@ def test_selectors_are_shared_per_run_object_and_choice_only() -> None:
 
 
 def test_threads_asking_for_one_record_get_one_payload() -> None:
-    selector = PayloadSelector("default")
+    run = RunInfo("r", "/tmp/r")
+    selector = shared_selector("default", run)
+    assert all(shared_selector("default", run) is selector for _ in range(2))  # three backends
     scalars = [tl.ScalarEntry(f"gradients/l{i}.weight", stat, float(i)) for i in range(200) for stat in ("l2", "nan_count")]
-    records = [StepRecord(step, "train", step, "worker_0", 0.0, scalars=scalars) for step in range(20)]
+    records = [StepRecord(step, "train", step, "worker_0", 0.0, scalars=scalars) for step in range(10)]  # fewer than a selector keeps
     got: list[list[Payload]] = [[] for _ in range(3)]
     start = threading.Barrier(3)
 
@@ -94,6 +97,7 @@ def test_threads_asking_for_one_record_get_one_payload() -> None:
         thread.join()
     for i in range(len(records)):
         assert got[0][i] is got[1][i] is got[2][i]
+    assert not selector._recent  # every payload was let go once all three took it
 
 
 def test_memo_key_builds_each_key_once_and_returns_what_the_function_does() -> None:
