@@ -40,14 +40,18 @@ class CountingClient(MlflowClient):
 
 def _store(tmp_path: Path) -> tuple[CountingClient, str]:
     client = CountingClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    experiment = client.create_experiment(f"batches-{time.time_ns()}", artifact_location=(tmp_path / "artifacts").as_uri())
+    experiment = client.create_experiment(
+        f"batches-{time.time_ns()}", artifact_location=(tmp_path / "artifacts").as_uri()
+    )
     return client, client.create_run(experiment).info.run_id
 
 
 def _train(tmp_path: Path, backend: MLflowBackend) -> tl.Hook:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-    hook = tl.watch(model, backends=[backend], out_dir=str(tmp_path / "runs"), save_interval=SAVE_INTERVAL, run_name="batches")
+    hook = tl.watch(
+        model, backends=[backend], out_dir=str(tmp_path / "runs"), save_interval=SAVE_INTERVAL, run_name="batches"
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     for _ in range(STEPS):
         optimizer.zero_grad()
@@ -62,10 +66,18 @@ def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, int
 
 
 @pytest.mark.parametrize("send_interval", [0.0, 3600.0])
-def test_held_metrics_all_arrive_at_close_with_their_steps_in_fewer_requests(tmp_path: Path, send_interval: float) -> None:
+def test_held_metrics_all_arrive_at_close_with_their_steps_in_fewer_requests(
+    tmp_path: Path, send_interval: float
+) -> None:
     client, run_id = _store(tmp_path)
-    backend = MLflowBackend(client=client, run_id=run_id, tracker_stats="all", histogram_every=0, heatmaps=False,
-                            send_interval=send_interval)
+    backend = MLflowBackend(
+        client=client,
+        run_id=run_id,
+        tracker_stats="all",
+        histogram_every=0,
+        heatmaps=False,
+        send_interval=send_interval,
+    )
     hook = _train(tmp_path, backend)
     assert hook.backend_stats()["mlflow"].failed == 0
 
@@ -86,7 +98,9 @@ def test_held_metrics_all_arrive_at_close_with_their_steps_in_fewer_requests(tmp
         assert len(client.metric_requests) == len(saved)  # one per saved step
     else:
         assert len(client.metric_requests) == 1  # everything held until close()
-        assert client.metric_requests[0] == sum(len(_history(client, run_id, k)) for k in client.get_run(run_id).data.metrics)
+        assert client.metric_requests[0] == sum(
+            len(_history(client, run_id, k)) for k in client.get_run(run_id).data.metrics
+        )
 
 
 def _record(step: int, count: int = 3) -> tl.StepRecord:
@@ -96,7 +110,9 @@ def _record(step: int, count: int = 3) -> tl.StepRecord:
 
 def _open(tmp_path: Path, **options: Any) -> tuple[CountingClient, str, MLflowBackend]:
     client, run_id = _store(tmp_path)
-    backend = MLflowBackend(client=client, run_id=run_id, prefix="tl", histogram_every=0, heatmaps=False, tracker_stats="all", **options)
+    backend = MLflowBackend(
+        client=client, run_id=run_id, prefix="tl", histogram_every=0, heatmaps=False, tracker_stats="all", **options
+    )
     backend.open(tl.RunInfo("direct", str(tmp_path)))
     return client, run_id, backend
 

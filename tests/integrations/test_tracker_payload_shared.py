@@ -44,7 +44,9 @@ def test_backends_of_a_run_share_each_records_payload_and_it_is_the_one_of_their
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     first, second, everything = Taking("first"), Taking("second"), Taking("everything", "all")
-    hook = tl.watch(model, backends=[first, second, everything], out_dir=str(tmp_path), save_interval=2, activations=True)
+    hook = tl.watch(
+        model, backends=[first, second, everything], out_dir=str(tmp_path), save_interval=2, activations=True
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(8):
         optimizer.zero_grad()
@@ -57,7 +59,9 @@ def test_backends_of_a_run_share_each_records_payload_and_it_is_the_one_of_their
 
     assert len(first.taken) == len(second.taken) == len(everything.taken) == 4
     own_default, own_all = PayloadSelector("default"), PayloadSelector("all")
-    for (record, payload), (record2, payload2), (record3, payload3) in zip(first.taken, second.taken, everything.taken, strict=True):
+    for (record, payload), (record2, payload2), (record3, payload3) in zip(
+        first.taken, second.taken, everything.taken, strict=True
+    ):
         assert record is record2 is record3  # the dispatcher hands every backend the same record
         assert payload is payload2  # chosen once for both
         assert payload3 is not payload
@@ -81,8 +85,12 @@ def test_threads_asking_for_one_record_get_one_payload() -> None:
     run = RunInfo("r", "/tmp/r")
     selector = shared_selector("default", run)
     assert all(shared_selector("default", run) is selector for _ in range(2))  # three backends
-    scalars = [tl.ScalarEntry(f"gradients/l{i}.weight", stat, float(i)) for i in range(200) for stat in ("l2", "nan_count")]
-    records = [StepRecord(step, "train", step, "worker_0", 0.0, scalars=scalars) for step in range(10)]  # fewer than a selector keeps
+    scalars = [
+        tl.ScalarEntry(f"gradients/l{i}.weight", stat, float(i)) for i in range(200) for stat in ("l2", "nan_count")
+    ]
+    records = [
+        StepRecord(step, "train", step, "worker_0", 0.0, scalars=scalars) for step in range(10)
+    ]  # fewer than a selector keeps
     got: list[list[Payload]] = [[] for _ in range(3)]
     start = threading.Barrier(3)
 
@@ -112,8 +120,10 @@ def test_memo_key_builds_each_key_once_and_returns_what_the_function_does() -> N
     backend = Taking("keys")
     for _ in range(3):
         assert backend.memo_key(counting, "tl", tl.ModeKeys.EVAL, "worker_1", "gradients/a/l2") == tracker_key(
-            "tl", tl.ModeKeys.EVAL, "worker_1", "gradients/a/l2")
+            "tl", tl.ModeKeys.EVAL, "worker_1", "gradients/a/l2"
+        )
         assert backend.memo_key(histogram_key, "tl", tl.ModeKeys.TRAIN, None, "gradients/a") == histogram_key(
-            "tl", tl.ModeKeys.TRAIN, None, "gradients/a")
+            "tl", tl.ModeKeys.TRAIN, None, "gradients/a"
+        )
     assert len(built) == 1
     assert Taking("other").memo_key(counting, "tl", tl.ModeKeys.EVAL, "worker_1", "gradients/a/l2") and len(built) == 2
