@@ -179,14 +179,19 @@ def _build_in(cache: Path, compiler: str, source: bytes) -> ctypes.CDLL | None:
         library.tl_edges.restype = ctypes.c_int
         library.tl_finite_range.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 6
         library.tl_finite_range.restype = ctypes.c_int
-        library.tl_output_stats.argtypes = [
-            ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-            ctypes.c_double, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_double, ctypes.c_double, ctypes.c_double,
-            ctypes.c_void_p, ctypes.c_int32,
-        ]
-        library.tl_output_stats.restype = ctypes.c_int
-        library.tl_dots.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 5 + [ctypes.c_int32]
-        library.tl_dots.restype = ctypes.c_int
+        # the dynamics' calls take microseconds on small tensors: through a PyDLL they keep the GIL,
+        # since a released GIL taken by a busy thread (a tracker's) costs the training thread up to
+        # the switch interval (5 ms) per call to get back
+        library.held = ctypes.PyDLL(str(target))
+        for loaded in (library, library.held):
+            loaded.tl_output_stats.argtypes = [
+                ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                ctypes.c_double, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_double, ctypes.c_double, ctypes.c_double,
+                ctypes.c_void_p, ctypes.c_int32,
+            ]
+            loaded.tl_output_stats.restype = ctypes.c_int
+            loaded.tl_dots.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 5 + [ctypes.c_int32]
+            loaded.tl_dots.restype = ctypes.c_int
         return library
     return None
 

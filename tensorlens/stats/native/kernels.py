@@ -231,6 +231,14 @@ class HistogramBatch:
 #: Outputs of at least this many values share the work among PyTorch's OpenMP threads (a thread
 #: per this many values, as :func:`moments` does); smaller ones are read by one thread.
 OUTPUT_VALUES_PER_THREAD = 1 << 16
+#: Calls on fewer values than this keep the GIL (well under a millisecond): releasing it lets a busy
+#: thread (a tracker's) take it, and the training thread waits up to the switch interval to get
+#: it back, per call. Longer calls release it.
+KEEP_GIL_BELOW = 1 << 20
+
+
+def _for(library: ctypes.CDLL, values: int) -> ctypes.CDLL:
+    return library.held if values < KEEP_GIL_BELOW else library
 
 
 def output_statistics(
@@ -253,7 +261,7 @@ def output_statistics(
     threads = 1
     if numel >= 2 * OUTPUT_VALUES_PER_THREAD and build.shares_torch_threads():
         threads = min(_thread_cap(), numel // OUTPUT_VALUES_PER_THREAD)
-    status = library.tl_output_stats(
+    status = _for(library, numel).tl_output_stats(
         values.data_ptr(), values.dtype == torch.float64, batch, numel // batch if batch else 0, units, inner,
         threshold, count_out.data_ptr() if count_out is not None else None,
         norm_out.data_ptr() if norm_out is not None else None, norm_divisor or 1.0,
@@ -278,7 +286,7 @@ def dots(a: list[torch.Tensor], b: list[torch.Tensor]) -> torch.Tensor | None:
     threads = 1
     if total >= 2 * OUTPUT_VALUES_PER_THREAD and build.shares_torch_threads():
         threads = min(_thread_cap(), total // OUTPUT_VALUES_PER_THREAD)
-    status = library.tl_dots(
+    status = _for(library, total).tl_dots(
         k, (ctypes.c_void_p * k)(*[t.data_ptr() for t in a]), (ctypes.c_void_p * k)(*[t.data_ptr() for t in b]),
         (ctypes.c_int64 * k)(*numel), (ctypes.c_int32 * k)(*[t.dtype == torch.float64 for t in a]), out.data_ptr(), threads,
     )
