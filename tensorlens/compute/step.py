@@ -33,6 +33,7 @@ from tensorlens.compute.host_statistics import HistogramBlock, HostStatistics
 from tensorlens.compute.job_values import plain, prepared, reduced_pieces
 from tensorlens.compute.jobs import DerivedScalars, ReducedPiece, TensorJob, WorkerReducer
 from tensorlens.compute.plan import REDUCED, VALUES, HistogramGroup, StepPlan, plain_signature, shape_of, signature
+from tensorlens.compute.plan_cache import PlanCache
 from tensorlens.stats import native
 from tensorlens.stats.histogram import (
     histogram_counts,
@@ -68,18 +69,11 @@ class _DeviceHistograms:
         )
 
 
-#: Plans kept for reuse: the parameters' job list and the after-update one of a saved step, an
-#: eval step's, and one spare; a plan holds only small index buffers, not the tensors' values.
-PLANS_KEPT = 4
-
-
 class StepStatistics:
     """Computes :class:`HostStatistics` for a list of :class:`TensorJob`.
 
-    Keeps the last few plans (reused while the jobs keep their shape: a saved step computes its
-    parameters before the optimizer step and its updates and module dynamics after it, two job
-    lists, so one plan alone would be rebuilt twice per step) and one scratch buffer
-    per (device, dtype), grown to the largest tensor seen, so the two-pass variance does not
+    Keeps the last few plans (:class:`PlanCache`, reused while the jobs keep their shape) and one
+    scratch buffer per (device, dtype), grown to the largest tensor seen, so the two-pass variance does not
     allocate a fresh buffer for every tensor. ``host_copies`` counts device-to-host copies, and
     ``plans_built`` the plans, for tests and benchmarks. ``sync_free`` takes, on a CPU too, the
     path that never waits for the device (the one every other device takes; tests use it).
@@ -91,7 +85,7 @@ class StepStatistics:
         self.plans_built = 0
         self.sync_free = sync_free
         self._plan: StepPlan | None = None  # the plan used last
-        self._plans: list[StepPlan] = []  # the last PLANS_KEPT plans, most recently used first
+        self._plans = PlanCache()
         self._plain: list[tuple[Any, ...] | None] = []  # the last _isolate's plain_signature of each job
         self._warned_complex = False
 
@@ -106,8 +100,7 @@ class StepStatistics:
     def release(self) -> None:
         """Free the scratch buffers and the plan (the hook calls this on close)."""
         self._scratch.clear()
-        self._plan = None
-        self._plans = []
+        self._plan, self._plans = None, PlanCache()
 
     # ------------------------------------------------------------------ entry
 
@@ -188,13 +181,12 @@ class StepStatistics:
             return host
         known = self._plain if keep_plan and len(self._plain) == len(jobs) else None
         sig = signature(jobs, known)
-        plan = next((p for p in self._plans if p.matches(sig, self.sync_free)), None) if keep_plan else None
+        plan = self._plans.find(sig, self.sync_free) if keep_plan else None
         if plan is None:
             plan = StepPlan(jobs, sig, self.sync_free, converted)
             self.plans_built += 1
         if keep_plan:
-            self._plan = plan
-            self._plans = [plan, *(p for p in self._plans if p is not plan)][:PLANS_KEPT]
+            self._plan = self._plans.keep(plan)
         with torch.no_grad():
             return _Step(self, plan, jobs, reducer, converted).run(derived)
 
