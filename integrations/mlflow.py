@@ -48,9 +48,8 @@ from tensorlens.backends.base import Backend, RunInfo
 from tensorlens.backends.keys import PER_LAYER, PRIMARY_WORKERS, global_key, key_parts, split_key, tracker_key
 from tensorlens.backends.optional import import_optional, is_lightning_logger
 from tensorlens.backends.payload import LayerPanel, check_tracker_stats
-from tensorlens.engine.metadata import flatten
 from tensorlens.findings import Finding
-from tensorlens.integrations import _mlflow_replay
+from tensorlens.integrations import _mlflow_metadata, _mlflow_replay
 from tensorlens.integrations._mlflow_artifacts import HistogramChunk, LayerImages
 from tensorlens.integrations._mlflow_batches import MAX_METRICS_PER_BATCH, SEND_INTERVAL_S, MetricBatches
 from tensorlens.integrations._mlflow_keys import (
@@ -62,6 +61,7 @@ from tensorlens.integrations._mlflow_keys import (
     MetricKeyMapper,
     mlflow_metric_key,
 )
+from tensorlens.integrations._mlflow_metadata import MAX_TAG_VALUE, METADATA_PARAMS
 from tensorlens.integrations._mlflow_probe import probe as _probe
 from tensorlens.modes import ModeKeys
 from tensorlens.records import StepRecord
@@ -84,12 +84,6 @@ __all__ = [
     "histogram_quantiles",
     "mlflow_metric_key",
 ]
-
-#: MLflow's limit on a tag value (``MAX_TAG_VAL_LENGTH``).
-MAX_TAG_VALUE = 5000
-#: ... and more params (or tags) in one request, and longer param values.
-MAX_PARAMS_PER_BATCH = 100
-MAX_PARAM_LENGTH = 6000
 
 
 def _import_mlflow() -> Any:
@@ -123,6 +117,10 @@ class MLflowBackend(Backend):
         tracker_stats: what is sent of each record (:mod:`tensorlens.backends.payload`):
             ``"default"``, ``"all"`` or statistic names; ``None`` takes the run's option, then
             ``$TENSORLENS_TRACKER_STATS``, then ``"default"``.
+        metadata_params: ``"summary"``: the run's metadata as a few params (version, collections,
+            save interval, statistics path, model class and size) and all of it in the artifact
+            ``<prefix>/metadata.json``; ``"all"``: every entry a param (about 60, which MLflow
+            lists above each image card's image and as runs-table columns).
 
     >>> hook = tl.watch(model, backends=[MLflowBackend(tracking_uri="http://127.0.0.1:5000", run_id=rid)])  # doctest: +SKIP
     """
@@ -152,6 +150,7 @@ class MLflowBackend(Backend):
         histogram_every: int = 10,
         heatmaps: bool = True,
         tracker_stats: str | list[str] | tuple[str, ...] | None = None,
+        metadata_params: str = "summary",
     ) -> None:
         if tracking_uri is not None and (not isinstance(tracking_uri, str) or not tracking_uri):
             raise expected("tracking_uri", "None or a non-empty string", tracking_uri)
@@ -167,6 +166,8 @@ class MLflowBackend(Backend):
             raise expected("histogram_every", "an integer >= 0 (0 turns histogram artifacts off)", histogram_every)
         if not isinstance(heatmaps, bool):
             raise expected("heatmaps", "a bool", heatmaps)
+        if metadata_params not in METADATA_PARAMS:
+            raise expected("metadata_params", '"summary" or "all"', metadata_params)
         self.tracker_stats = check_tracker_stats("tracker_stats", tracker_stats)
         mlflow = _import_mlflow()
         if client is not None:
@@ -194,6 +195,7 @@ class MLflowBackend(Backend):
         self.send_interval = float(send_interval)
         self.histogram_every = histogram_every
         self.heatmaps = heatmaps
+        self.metadata_params = metadata_params
         self.keys = MetricKeyMapper()
         self._client = client
         self._run: RunInfo | None = None
@@ -251,30 +253,10 @@ class MLflowBackend(Backend):
         self.open_payload(run)
 
     def write_metadata(self, metadata: Mapping[str, Any]) -> None:
-        """The run's metadata as MLflow params ``<prefix>.<key>`` (flattened, values cut at
-        6000 characters, 100 per request). MLflow params cannot change: one that the run holds
-        with another value (a resumed run on a new commit) is set as a tag of the same name."""
-        from mlflow.entities import Param, RunTag
-
+        """The run's metadata: a few params (all of them with ``metadata_params="all"``) and the
+        artifact ``<prefix>/metadata.json`` (:mod:`~tensorlens.integrations._mlflow_metadata`)."""
         assert self._client is not None, "MLflowBackend.write_metadata before open"
-        held = self._client.get_run(self.run_id).data.params
-        params, tags = [], []
-        names = MetricKeyMapper()  # param keys follow the metric-key rules
-        for key, value in flatten(metadata).items():
-            name = names(f"{self.prefix}.{key}" if self.prefix else key)
-            text = str(value)
-            if len(text) > MAX_PARAM_LENGTH:
-                text = text[: MAX_PARAM_LENGTH - 1] + "\u2026"
-            if name not in held:
-                params.append(Param(name, text))
-            elif held[name] != text:
-                tags.append(RunTag(name, text[:MAX_TAG_VALUE]))
-        for start in range(0, max(len(params), len(tags)), MAX_PARAMS_PER_BATCH):
-            self._client.log_batch(
-                self.run_id,
-                params=params[start : start + MAX_PARAMS_PER_BATCH],
-                tags=tags[start : start + MAX_PARAMS_PER_BATCH],
-            )
+        _mlflow_metadata.write_metadata(self._client, self.run_id, self.prefix, self.artifact_root, metadata, self.metadata_params)
 
     def restore(self, record: StepRecord | Finding) -> None:
         """A record the MLflow run holds already (a sync continuing it): its timestamp, payload

@@ -41,6 +41,8 @@ from mlflow.utils.validation import _validate_metric_name  # noqa: E402
 
 from tensorlens.backends.keys import global_key  # noqa: E402
 from tensorlens.backends.payload import layer_panels  # noqa: E402
+from tensorlens.engine.metadata import flatten  # noqa: E402
+from tensorlens.integrations._mlflow_metadata import SUMMARY_PARAMS  # noqa: E402
 from tensorlens.integrations.mlflow import (  # noqa: E402
     MAX_KEY_LENGTH,
     QUANTILES,
@@ -325,7 +327,8 @@ def _assert_artifacts(client: MlflowClient, run_id: str, hook: tl.Hook, every: i
     assert sorted(f.split("+", 1)[0] for f in images) == sorted("images/" + k.replace("/", "~") for k in panels)
     if heatmaps:
         assert len(panels) >= 5  # weights, biases, gradients, activations l2 and dead fraction
-        assert len(files) <= len(expected) + 2 * len(panels)  # the images' own .webp thumbnails
+        # the images' own .webp thumbnails, and the run's metadata
+        assert len(files) <= len(expected) + 2 * len(panels) + 1 and "tensorlens/metadata.json" in files
         image = client.download_artifacts(run_id, images[0], str(download_to))
         assert Path(image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a histogram chunk holds exactly the stored counts and edges of every tensor of its steps
@@ -583,6 +586,7 @@ def test_empty_histogram_has_no_quantiles() -> None:
         ({"histogram_every": -1}, "histogram_every"),
         ({"histogram_every": True}, "histogram_every"),
         ({"heatmaps": 1}, "heatmaps"),
+        ({"metadata_params": "some"}, "metadata_params"),
         ({"client": "http://x"}, "client"),
     ],
 )
@@ -651,6 +655,30 @@ def test_sqlite_store_without_a_server(tmp_path: Path) -> None:
     _assert_artifacts(client, run_id, hook, every=4, download_to=tmp_path / "download")
     tags = client.get_run(run_id).data.tags
     assert tags["tensorlens.run_dir"] == hook.run_dir
+
+
+@pytest.mark.parametrize("which", ["summary", "all"])
+def test_metadata_is_a_few_params_and_one_artifact(tmp_path: Path, which: str) -> None:
+    """MLflow lists every param above each image card's image (and as runs-table columns): by
+    default a few; all of the metadata is in tensorlens/metadata.json either way."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    run_id = _new_run(client, tmp_path / "artifacts")
+    model = Tiny()
+    hook = _watch(model, tmp_path, [MLflowBackend(tracking_uri=uri, run_id=run_id, metadata_params=which)])
+    _train(hook, model)
+    with tl.open_run(hook.run_dir) as stored:
+        metadata = stored.metadata()
+    params = {k: v for k, v in client.get_run(run_id).data.params.items() if k.startswith("tensorlens.")}
+    flat = {f"tensorlens.{k}": str(v) for k, v in flatten(metadata).items()}
+    if which == "all":
+        assert params == flat and len(params) > 40
+    else:
+        assert params == {f"tensorlens.{k}": flat[f"tensorlens.{k}"] for k in SUMMARY_PARAMS}
+        assert params["tensorlens.model.class"] == "Tiny"
+    path = client.download_artifacts(run_id, "tensorlens/metadata.json", str(tmp_path / "download"))
+    with open(path, encoding="utf-8") as f:
+        assert json.load(f) == json.loads(json.dumps(metadata))
 
 
 # ---------------------------------------------------------------------------- a real server

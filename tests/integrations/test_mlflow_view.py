@@ -115,7 +115,8 @@ def test_default_view_documented_keys_bounded_artifacts_and_sync_equal_to_live(m
     histogram_files = [f for f in files if f.startswith("tensorlens/histograms/")]
     train_files = [f for f in histogram_files if "/train/" in f]
     assert len(train_files) == math.ceil(len(train) / 3)
-    assert len(files) == len(histogram_files) + 2 * len(expected_images)  # each image has MLflow's thumbnail
+    # each image has MLflow's thumbnail; one file holds the run's metadata
+    assert len(files) == len(histogram_files) + 2 * len(expected_images) + 1 and "tensorlens/metadata.json" in files
 
     # the same run synced: the live run's keys, values and images (a second sync sends nothing)
     synced = sync_run(run_dir, "mlflow", tracking_uri=mlflow_server, experiment="view-sync", progress=False)

@@ -22,6 +22,7 @@ pytest.importorskip("tensorboard")
 
 from mlflow import MlflowClient  # noqa: E402
 
+from tensorlens.integrations._mlflow_metadata import SUMMARY_PARAMS  # noqa: E402
 from tensorlens.integrations.mlflow import MLflowBackend  # noqa: E402
 from tensorlens.integrations.sync_targets import MLflowTarget  # noqa: E402
 
@@ -99,12 +100,21 @@ def test_mlflow_sync_equals_the_live_run_and_sends_each_point_once(mlflow_server
     live_metrics, synced_metrics = metrics(client, live), metrics(client, synced)
     assert synced_metrics == live_metrics
     assert first_points == sum(len(points) for points in live_metrics.values())  # each point asked once
-    # params: the run metadata, flattened under tensorlens.
+    # params: the summary of the run metadata, flattened under tensorlens.; all of it in metadata.json
     with tl.open_run(run_dir) as stored:
-        expected = {f"tensorlens.{k}": str(v) for k, v in flatten(stored.metadata()).items()}
+        metadata = stored.metadata()
+    flat = flatten(metadata)
+    expected = {f"tensorlens.{k}": str(flat[k]) for k in SUMMARY_PARAMS if k in flat}
+    assert len(expected) >= 5
     params = client.get_run(synced).data.params
     assert {k: v for k, v in params.items() if k.startswith("tensorlens.")} == expected
     assert client.get_run(live).data.params == params
+    for run_id in (synced, live):  # the whole metadata, nested as the store holds it
+        path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="tensorlens/metadata.json",
+                                                   dst_path=str(tmp_path / run_id), tracking_uri=client.tracking_uri)
+        with open(path, encoding="utf-8") as f:
+            written = json.load(f)
+        assert written == json.loads(json.dumps(metadata)) if run_id == synced else written["config"] == metadata["config"]
     # artifacts: the same histogram files (same records, same chunks) and heatmaps
     assert artifacts(client, synced) == artifacts(client, live)
     assert histogram_files(client, synced, tmp_path / "a") == histogram_files(client, live, tmp_path / "b")
