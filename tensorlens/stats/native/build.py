@@ -163,14 +163,7 @@ def _build_in(cache: Path, compiler: str, source: bytes) -> ctypes.CDLL | None:
         except (OSError, subprocess.SubprocessError):
             continue
         _library_path = str(target)
-        library.tl_moments.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 7 + [ctypes.c_int32]
-        library.tl_moments.restype = ctypes.c_int
         library.tl_shares_torch_threads.restype = ctypes.c_int
-        library.tl_moments_one.argtypes = [
-            ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p,
-            ctypes.c_void_p, ctypes.c_int32,
-        ]
-        library.tl_moments_one.restype = ctypes.c_int
         library.tl_histograms.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 7 + [
             ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
         ]
@@ -179,11 +172,18 @@ def _build_in(cache: Path, compiler: str, source: bytes) -> ctypes.CDLL | None:
         library.tl_edges.restype = ctypes.c_int
         library.tl_finite_range.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 6
         library.tl_finite_range.restype = ctypes.c_int
-        # the dynamics' calls take microseconds on small tensors: through a PyDLL they keep the GIL,
-        # since a released GIL taken by a busy thread (a tracker's) costs the training thread up to
-        # the switch interval (5 ms) per call to get back
+        # the calls of a saved step take microseconds on small tensors: through a PyDLL they keep
+        # the GIL, since a released GIL taken by a busy thread (a tracker's) costs the training
+        # thread up to the switch interval (5 ms) per call to get back (kernels.KEEP_GIL_BELOW)
         library.held = ctypes.PyDLL(str(target))
         for loaded in (library, library.held):
+            loaded.tl_moments.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 7 + [ctypes.c_int32]
+            loaded.tl_moments.restype = ctypes.c_int
+            loaded.tl_moments_one.argtypes = [
+                ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p,
+                ctypes.c_void_p, ctypes.c_int32,
+            ]
+            loaded.tl_moments_one.restype = ctypes.c_int
             loaded.tl_output_stats.argtypes = [
                 ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                 ctypes.c_double, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_double, ctypes.c_double, ctypes.c_double,

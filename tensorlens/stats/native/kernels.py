@@ -64,7 +64,7 @@ def moments_one(values: torch.Tensor, sample_stride: int, wants: int) -> tuple[n
         return None
     out = np.empty(len(COLUMNS), dtype=np.float64)
     sample = torch.empty(-(-values.numel() // sample_stride), dtype=values.dtype) if sample_stride > 0 else None
-    status = library.tl_moments_one(
+    status = _for(library, values.numel()).tl_moments_one(  # a short call keeps the GIL (KEEP_GIL_BELOW)
         values.data_ptr(), values.numel(), values.dtype == torch.float64, wants, max(sample_stride, 1),
         sample.data_ptr() if sample is not None else None, out.ctypes.data,
         _thread_cap() if build.shares_torch_threads() else 1,
@@ -160,6 +160,7 @@ class MomentsBatch:
 
     def __init__(self, numel: list[int], is_double: list[bool], wants_flags: list[int], strides: list[int]) -> None:
         k = self.k = len(numel)
+        self._total = sum(numel)
         self._numel = (ctypes.c_int64 * k)(*numel)
         self._is_double = (ctypes.c_int32 * k)(*[int(d) for d in is_double])
         self._wants = (ctypes.c_int32 * k)(*wants_flags)
@@ -192,7 +193,7 @@ class MomentsBatch:
         library = build.library()
         if library is None:
             return None
-        status = library.tl_moments(
+        status = _for(library, self._total).tl_moments(  # a short call keeps the GIL (KEEP_GIL_BELOW)
             self.k, (ctypes.c_void_p * self.k)(*pointers), self._numel, self._is_double, self._wants, self._strides,
             self._samples, self.out.ctypes.data, max(1, int(threads or _thread_cap())),
         )
