@@ -57,6 +57,20 @@ def make_model() -> nn.Module:
     return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
 
 
+def train_and_finish(backend: WandbBackend, tmp_path: Any, steps: int) -> tuple[tl.Hook, nn.Module]:
+    """``steps`` optimizer steps of :func:`make_model`, each saved, then the hook and the W&B run closed."""
+    model = make_model()
+    hook = tl.watch(model, save_interval=1, backends=[backend], out_dir=tmp_path / "tl")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        model(torch.randn(8, 6)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    hook.close()
+    wandb.finish()
+    return hook, model
+
+
 def same(a: float, b: float) -> bool:
     return (math.isnan(a) and math.isnan(b)) or a == b
 
@@ -328,15 +342,7 @@ def test_without_user_rows_every_record_keeps_its_own_row(tmp_path: Any) -> None
     record overwrites the previous one in the open row."""
     start_run(tmp_path)
     backend = WandbBackend(table_every=100)
-    model = make_model()
-    hook = tl.watch(model, save_interval=1, backends=[backend], out_dir=tmp_path / "tl")
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(4):
-        model(torch.randn(8, 6)).pow(2).mean().backward()
-        opt.step()
-        opt.zero_grad()
-    hook.close()
-    wandb.finish()
+    hook, _ = train_and_finish(backend, tmp_path, steps=4)
     run_file = read_run_dir(str(tmp_path))
     assert sorted(assert_matches_store(run_file, hook.run_dir)) == [0, 1, 2, 3]
     # one profile line per step although the table was logged only at the first step and at close
@@ -347,15 +353,7 @@ def test_without_user_rows_every_record_keeps_its_own_row(tmp_path: Any) -> None
 def test_tables_are_logged_at_most_once_per_table_interval_and_complete_at_close(tmp_path: Any) -> None:
     start_run(tmp_path)
     backend = WandbBackend(table_every=1, table_interval=3600)
-    model = make_model()
-    hook = tl.watch(model, save_interval=1, backends=[backend], out_dir=tmp_path / "tl")
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(5):
-        model(torch.randn(8, 6)).pow(2).mean().backward()
-        opt.step()
-        opt.zero_grad()
-    hook.close()
-    wandb.finish()
+    hook, model = train_and_finish(backend, tmp_path, steps=5)
     run_file = read_run_dir(str(tmp_path))
     assert sorted(assert_matches_store(run_file, hook.run_dir)) == [0, 1, 2, 3, 4]
     # table_every=1 alone would log the tables five times: the first saved step and close() only
