@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from tensorlens.stats import derived
+
 
 @dataclasses.dataclass
 class UnitPlan:
@@ -47,7 +49,7 @@ def unit_plan(layout: list[tuple[str, int]], device: torch.device) -> UnitPlan:
             index.append(2 * m + i)
     return UnitPlan(
         sizes=sizes, outputs=outputs, names=tuple(names),
-        segment=torch.repeat_interleave(torch.arange(m), torch.tensor(sizes, dtype=torch.long)).to(device),
+        segment=derived.segment_index(tuple(sizes), device),
         width=torch.tensor(sizes, dtype=torch.float64).to(device),
         index=torch.tensor(index, dtype=torch.long).to(device),
     )

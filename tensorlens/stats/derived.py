@@ -114,7 +114,7 @@ def dot_products(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> torch.
         # one cat and one cast for all of them (PyTorch promotes mixed dtypes), not one per tensor
         left = _joined([a[i] for i in small], device)
         right = left if all(a[i] is b[i] for i in small) else _joined([b[i] for i in small], device)
-        segment = _segments(tuple(a[i].numel() for i in small), device)
+        segment = segment_index(tuple(a[i].numel() for i in small), device)
         sums = torch.zeros(len(small), dtype=torch.float64, device=device).index_add_(0, segment, left * right)
         out[torch.tensor(small, device=device)] = sums
     large = [i for i in range(len(a)) if a[i].numel() > SMALL_TENSOR]
@@ -162,10 +162,10 @@ def _index(rows: tuple[int, ...], device: torch.device) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.long, device=device)
 
 
-@functools.lru_cache(maxsize=32)  # the same parameters every saved step
-def _segments(sizes: tuple[int, ...], device: torch.device) -> torch.Tensor:
+@functools.lru_cache(maxsize=32)  # the same parameters (or module outputs) every saved step
+def segment_index(sizes: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """The index of the tensor each value of their concatenation comes from."""
-    return torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)).to(device)
+    return torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes, dtype=torch.long)).to(device)
 
 
 def squared_norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -376,9 +376,12 @@ def saturation_bounds(low: float, high: float, threshold: float) -> tuple[float,
 def saturated_count(output: torch.Tensor, low: float, high: float, threshold: float) -> torch.Tensor:
     """How many values lie within ``(1 - threshold) * max(|low|, |high|)`` of ``low`` or ``high``
     (``|y| >= 0.99`` for tanh at ``threshold=0.99``), int64 0-d; NaN is not saturated."""
-    at_most, at_least = saturation_bounds(low, high, threshold)
-    y = output.detach()
-    return ((y >= at_least) | (y <= at_most)).sum()
+    return _saturated(output.detach(), saturation_bounds(low, high, threshold))
+
+
+def _saturated(y: torch.Tensor, bounds: tuple[float, float]) -> torch.Tensor:
+    """Values ``<= bounds[0]`` or ``>= bounds[1]`` (:func:`saturation_bounds`), int64 0-d."""
+    return ((y >= bounds[1]) | (y <= bounds[0])).sum()
 
 
 @dataclasses.dataclass
@@ -405,7 +408,7 @@ def output_statistics(
     if read is not None:
         return read
     counts, positions = unit_activity(y, channel_last, threshold) if units else (None, 0)
-    saturated = ((y >= bounds[1]) | (y <= bounds[0])).sum() if bounds is not None else None
+    saturated = _saturated(y, bounds) if bounds is not None else None
     return OutputStatistics(counts, positions, saturated, sample_norms(y, normalize, native_read=False) if norms else None)
 
 

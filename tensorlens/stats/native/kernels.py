@@ -242,6 +242,14 @@ def _for(library: ctypes.CDLL, values: int) -> ctypes.CDLL:
     return library.held if values < KEEP_GIL_BELOW else library
 
 
+def _threads_for(values: int) -> int:
+    """Threads for a call reading ``values`` values: one per :data:`OUTPUT_VALUES_PER_THREAD` on
+    PyTorch's own OpenMP pool (:func:`shares_torch_threads`), else one."""
+    if values >= 2 * OUTPUT_VALUES_PER_THREAD and build.shares_torch_threads():
+        return min(_thread_cap(), values // OUTPUT_VALUES_PER_THREAD)
+    return 1
+
+
 def output_statistics(
     values: torch.Tensor, batch: int, units: int, inner: int, threshold: float, counts: bool, norm_divisor: float | None,
     bounds: tuple[float, float] | None,
@@ -259,9 +267,7 @@ def output_statistics(
     count_out = torch.empty(units, dtype=torch.float64) if counts else None
     norm_out = torch.empty(batch, dtype=torch.float64) if norm_divisor is not None else None
     saturated = ctypes.c_int64(0)
-    threads = 1
-    if numel >= 2 * OUTPUT_VALUES_PER_THREAD and build.shares_torch_threads():
-        threads = min(_thread_cap(), numel // OUTPUT_VALUES_PER_THREAD)
+    threads = _threads_for(numel)
     status = _for(library, numel).tl_output_stats(
         values.data_ptr(), values.dtype == torch.float64, batch, numel // batch if batch else 0, units, inner,
         threshold, count_out.data_ptr() if count_out is not None else None,
@@ -284,9 +290,7 @@ def dots(a: list[torch.Tensor], b: list[torch.Tensor]) -> torch.Tensor | None:
     out = torch.empty(k, dtype=torch.float64)
     numel = [t.numel() for t in a]
     total = sum(numel)
-    threads = 1
-    if total >= 2 * OUTPUT_VALUES_PER_THREAD and build.shares_torch_threads():
-        threads = min(_thread_cap(), total // OUTPUT_VALUES_PER_THREAD)
+    threads = _threads_for(total)
     status = _for(library, total).tl_dots(
         k, (ctypes.c_void_p * k)(*[t.data_ptr() for t in a]), (ctypes.c_void_p * k)(*[t.data_ptr() for t in b]),
         (ctypes.c_int64 * k)(*numel), (ctypes.c_int32 * k)(*[t.dtype == torch.float64 for t in a]), out.data_ptr(), threads,
