@@ -49,10 +49,11 @@ class MetricBatches:
         if len(self.held) >= MAX_METRICS_PER_BATCH or time.monotonic() - self._held_since >= self.interval:
             self.send_held()
 
-    def send_held(self) -> None:
-        """Send everything held now (let go of it even when the request fails)."""
-        metrics, self.held = self.held, []
-        self.send(metrics)
+    def send_held(self, extra: list[Any] | None = None, tags: list[Any] | None = None) -> None:
+        """Send everything held now, then ``extra`` metrics and ``tags`` in the same request(s)
+        (let go of them even when the request fails)."""
+        metrics, self.held = [*self.held, *(extra or ())], []
+        self.send(metrics, tags)
 
     def send(self, metrics: list[Any], tags: list[Any] | None = None) -> None:
         """``metrics`` (and ``tags``) in requests of at most :data:`MAX_METRICS_PER_BATCH` metrics."""

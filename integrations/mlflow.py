@@ -337,9 +337,8 @@ class MLflowBackend(Backend):
         self._last_timestamp = timestamp
         key = self.keys("/".join(p for p in (self.prefix, "rules", finding.rule) if p), identity=f"\x00rules\x00{finding.rule}")
         # the metrics held so far go first, in the same request: the finding follows its step's record
-        metrics, self._batches.held = [*self._batches.held, Metric(key, float(count), timestamp, int(finding.step))], []
-        self._batches.send(
-            metrics,
+        self._batches.send_held(
+            [Metric(key, float(count), timestamp, int(finding.step))],
             tags=[RunTag(f"tensorlens.rules.{mlflow_metric_key(finding.rule).replace('/', '_')}", str(finding)[:MAX_TAG_VALUE])],
         )
 
