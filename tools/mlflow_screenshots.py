@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import warnings
 from typing import Any
 
@@ -32,34 +29,12 @@ import tensorlens as tl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "reports"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from browser import Browser  # noqa: E402
+from sync import start_mlflow_server  # noqa: E402 - the sync benchmark's server: SQLite, one worker
 
 #: Seconds to wait for the UI to draw every chart and image before giving up.
 SETTLE = 120
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(folder: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{folder}/mlflow.db",
-         "--artifacts-destination", f"{folder}/artifacts", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(120):
-        try:
-            urllib.request.urlopen(url + "/health", timeout=2).read()
-            return server, url
-        except OSError:
-            time.sleep(1)
-    os.killpg(server.pid, signal.SIGTERM)
-    raise RuntimeError("the MLflow server did not answer /health in two minutes")
 
 
 def train(url: str, folder: str) -> tuple[str, str]:
@@ -128,7 +103,7 @@ def clip(page: Any, top: float, height: int) -> bytes:
 
 def main() -> int:
     folder = tempfile.mkdtemp(prefix="tl-mlflow-shots-")
-    server, url = start_server(folder)
+    server, url = start_mlflow_server(folder)
     try:
         experiment, run_id = train(url, folder)
         with Browser() as browser:
