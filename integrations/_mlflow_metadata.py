@@ -54,7 +54,9 @@ def write_metadata(
     names = MetricKeyMapper()  # param keys follow the metric-key rules
     for key, value in chosen.items():
         name = names(f"{prefix}.{key}" if prefix else key)
-        text = str(value)
+        # MLflow's stores take UTF-8 only: a lone surrogate (a name decoded with surrogateescape)
+        # would fail the whole request, so it is written as its escape, as the JSON file has it
+        text = str(value).encode("utf-8", "backslashreplace").decode("utf-8")
         if len(text) > MAX_PARAM_LENGTH:
             text = text[: MAX_PARAM_LENGTH - 1] + "\u2026"
         if name not in held:

@@ -681,6 +681,22 @@ def test_metadata_is_a_few_params_and_one_artifact(tmp_path: Path, which: str) -
         assert json.load(f) == json.loads(json.dumps(metadata))
 
 
+def test_metadata_with_a_lone_surrogate_markup_and_control_characters_is_written(tmp_path: Path) -> None:
+    """MLflow's stores refuse a lone surrogate (the whole request failed): it is written escaped."""
+    from tensorlens.integrations._mlflow_metadata import write_metadata
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_id = _new_run(client, tmp_path / "artifacts")
+    metadata = {"versions": {"tensorlens": "0.1\ud800<script>\x00\x1b[31m"}, "model": {"class": "A\u202eB"}}
+    write_metadata(client, run_id, "tensorlens", "tensorlens", metadata, "all")
+    params = client.get_run(run_id).data.params
+    assert params["tensorlens.versions.tensorlens"] == "0.1\\ud800<script>\x00\x1b[31m"
+    assert params["tensorlens.model.class"] == "A\u202eB"
+    path = client.download_artifacts(run_id, "tensorlens/metadata.json", str(tmp_path / "download"))
+    with open(path, encoding="utf-8") as f:
+        assert json.load(f) == json.loads(json.dumps(metadata))
+
+
 # ---------------------------------------------------------------------------- a real server
 
 
