@@ -208,6 +208,10 @@ class MLflowBackend(Backend):
         self._tmp: str | None = None
         self._finding_counts: dict[str, int] = {}
         self._last_timestamp = 0
+        # the latest record's wall time (ms), the per-layer images' timestamp: unlike _last_timestamp it
+        # does not depend on the order in which records of one millisecond arrived, so a sync names
+        # the image files exactly as the live run did
+        self._last_wall_ms = 0
 
     @property
     def artifact_root(self) -> str:
@@ -250,6 +254,7 @@ class MLflowBackend(Backend):
         )
         self._tmp = tempfile.mkdtemp(prefix="tensorlens-mlflow-")
         self._last_timestamp = 0
+        self._last_wall_ms = 0
         self.open_payload(run)
 
     def write_metadata(self, metadata: Mapping[str, Any]) -> None:
@@ -267,6 +272,7 @@ class MLflowBackend(Backend):
             self._finding_counts[record.rule] = self._finding_counts.get(record.rule, 0) + 1
             return
         self._last_timestamp = max(int(record.wall_time * 1000), self._last_timestamp + 1)
+        self._last_wall_ms = max(int(record.wall_time * 1000), self._last_wall_ms)
         payload = self.payload(record)  # the selector remembers the tensors that held NaN or Inf
         if self.histogram_every and payload.histograms:
             chunk = self._chunk(record.mode)
@@ -287,6 +293,7 @@ class MLflowBackend(Backend):
         # record's timestamp after the previous one.
         timestamp = max(int(record.wall_time * 1000), self._last_timestamp + 1)
         self._last_timestamp = timestamp
+        self._last_wall_ms = max(int(record.wall_time * 1000), self._last_wall_ms)
         payload = self.payload(record)
         # one value per metric: a series named twice in a record keeps its last value, as the reader does
         values: dict[str, float] = {}
@@ -505,7 +512,7 @@ class MLflowBackend(Backend):
         if self._client is None or not self._layers:
             return
         _probe(self.tracking_uri)  # not seconds of drawing for a server that is gone
-        self._layers.upload(self._client, self.run_id, self.image_key, self._last_timestamp, lambda: _probe(self.tracking_uri))
+        self._layers.upload(self._client, self.run_id, self.image_key, self._last_wall_ms, lambda: _probe(self.tracking_uri))
 
 
 def _active_mlflow_run() -> Any:

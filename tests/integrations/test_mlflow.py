@@ -657,6 +657,44 @@ def test_sqlite_store_without_a_server(tmp_path: Path) -> None:
     assert tags["tensorlens.run_dir"] == hook.run_dir
 
 
+def test_per_layer_images_are_named_alike_whatever_the_order_of_records_of_one_millisecond(tmp_path: Path) -> None:
+    """A sync replays records in ``Run.records()`` order, the live run took them as they closed: an
+    eval record and a train record of one step may swap. Metric timestamps are kept increasing, so
+    they may end one millisecond apart; the per-layer images take the latest record's wall time,
+    which does not depend on the order, so both runs hold image files of the same names."""
+    model = Tiny()
+    hook = _watch(model, tmp_path / "run", ["local"])
+    _train(hook, model)
+    with tl.open_run(hook.run_dir) as run:
+        records = list(run.records())
+    # the last train record and the two eval records after it, all in two milliseconds; the first
+    # eval record closed a little before the train record was handed over
+    assert [r.mode for r in records[-3:]] == [tl.ModeKeys.TRAIN] + [tl.ModeKeys.EVAL] * 2
+    base = records[-1].wall_time + 1.0
+    records[-3:] = [
+        tl.StepRecord.from_arrays(
+            r.step, r.mode, r.mode_step, r.worker, base + seconds, scalar_names=r.scalar_names, scalar_values=r.scalar_values,
+            histogram_names=r.histogram_names, counts=r.counts, edges=r.edges, histogram_info=r.histogram_info,
+        )
+        for r, seconds in zip(records[-3:], (0.0012, 0.0, 0.0013), strict=True)
+    ]
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    names = []
+    for order in (records, records[:-3] + [records[-2], records[-3], records[-1]]):
+        run_id = _new_run(client, tmp_path / f"artifacts-{len(names)}")
+        backend = MLflowBackend(tracking_uri=uri, run_id=run_id, histogram_every=0)
+        backend.open(tl.RunInfo("order", hook.run_dir))
+        for record in order:
+            backend.write(record)
+        backend.close()
+        images = [path for path in _artifacts(client, run_id) if path.startswith("images/")]
+        names.append(sorted(re.sub(r"\+[0-9a-f]{8}-[0-9a-f-]{27}", "", path) for path in images))
+    latest = max(int(record.wall_time * 1000) for record in records)
+    assert names[0] and all(f"+timestamp+{latest}" in path for path in names[0])
+    assert names[0] == names[1]
+
+
 @pytest.mark.parametrize("which", ["summary", "all"])
 def test_metadata_is_a_few_params_and_one_artifact(tmp_path: Path, which: str) -> None:
     """MLflow lists every param above each image card's image (and as runs-table columns): by
