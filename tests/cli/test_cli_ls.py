@@ -11,10 +11,9 @@ import tempfile
 
 import pytest
 from cli_runs import ENV, cli, write_store
+from unprivileged import NOBODY, can_run_as_nobody
 
 from tensorlens.cli import main
-
-NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
 def rows(out: str) -> dict[str, list[str]]:
@@ -40,8 +39,8 @@ def test_a_dangling_store_link_is_one_unreadable_row(tmp_path, capsys: pytest.Ca
 
 
 def test_a_folder_that_cannot_be_listed_does_not_hide_the_others(tmp_path) -> None:
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("runs the CLI as an unprivileged user (root reads every folder): needs root and setpriv")
+    if not can_run_as_nobody():
+        pytest.skip("runs the CLI as an unprivileged user (root reads every folder): needs root, setpriv and a checkout nobody can read")
     top = tempfile.mkdtemp(prefix="tensorlens-ls-")  # pytest's tmp folders are 0700: nobody could not enter them
     try:
         os.chmod(top, 0o755)

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from unprivileged import NOBODY, can_run_as_nobody
 
 import tensorlens as tl
 from tensorlens.store.schema import with_checksum
@@ -34,7 +35,6 @@ except ImportError:
     from test_sync import tb_events, the_one_folder, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 # the real command, with TensorBoardBackend.write slowed down (and a marker file once some records
 # are written) so that a test can act while the sync is surely in the middle
@@ -130,8 +130,8 @@ def shared_tmp() -> Iterator[str]:
 
 
 def needs_nobody() -> None:
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("runs a command as an unprivileged user: needs root and setpriv")
+    if not can_run_as_nobody():
+        pytest.skip("runs a command as an unprivileged user: needs root, setpriv and a checkout nobody can read")
 
 
 # ---------------------------------------------------------------------------------------- two at once

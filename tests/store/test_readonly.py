@@ -8,7 +8,6 @@ traverse.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
@@ -19,24 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from unprivileged import as_nobody, can_run_as_nobody
 
 import tensorlens as tl
 from tensorlens.store.writer import RunStoreWriter
 
-NOBODY = 65534
 DATA = Path(__file__).parent / "data"
-
-
-@functools.cache
-def _can_drop_privileges() -> bool:
-    if sys.platform == "win32" or os.geteuid() != 0 or shutil.which("setpriv") is None:
-        return False
-    probe = subprocess.run(_as_nobody([sys.executable, "-c", "import tensorlens"]), capture_output=True, timeout=120)
-    return probe.returncode == 0
-
-
-def _as_nobody(argv: list[str]) -> list[str]:
-    return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv]
 
 
 pytestmark = pytest.mark.timeout(300)
@@ -44,7 +31,7 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture(autouse=True)
 def _unprivileged() -> None:
-    if not _can_drop_privileges():
+    if not can_run_as_nobody():
         pytest.skip("needs root and setpriv to read as an unprivileged user")
 
 
@@ -93,7 +80,7 @@ def _read_as_nobody(path: Path, place: Path, *argv: str, code: str = _READ) -> s
     os.makedirs(place / "tmp", exist_ok=True)
     os.chmod(place / "tmp", 0o777)
     args = [sys.executable, "-c", code, str(path)] if not argv else [sys.executable, "-m", "tensorlens", *argv]
-    return subprocess.run(_as_nobody(args), capture_output=True, text=True, env=env, cwd=str(place / "tmp"), timeout=240)
+    return subprocess.run(as_nobody(args), capture_output=True, text=True, env=env, cwd=str(place / "tmp"), timeout=240)
 
 
 def test_a_closed_run_in_a_read_only_folder_reads(place: Path) -> None:
