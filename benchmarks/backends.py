@@ -101,6 +101,15 @@ def make_record(n_scalars: int, n_histograms: int, bins: int) -> tl.StepRecord:
     return tl.StepRecord(0, ModeKeys.TRAIN, 0, "worker_0", time.time(), scalars=scalars, histograms=histograms)
 
 
+def restamped(template: tl.StepRecord, step: int) -> tl.StepRecord:
+    """``template`` at ``step`` (records are immutable: a new one over the same arrays)."""
+    return tl.StepRecord.from_arrays(
+        step, template.mode, step, template.worker, time.time(), scalar_names=template.scalar_names,
+        scalar_values=template.scalar_values, histogram_names=template.histogram_names, counts=template.counts,
+        edges=template.edges, histogram_info=template.histogram_info,
+    )
+
+
 @contextlib.contextmanager
 def open_backend(name: str, work_dir: str) -> Iterator[tl.Backend]:
     """The backend ``name`` writing under ``work_dir`` (a tracker run created for it)."""
@@ -167,14 +176,14 @@ def measure(name: str, template: tl.StepRecord, args: argparse.Namespace, work: 
 
             def next_record() -> tl.StepRecord:
                 nonlocal step
-                record = dataclasses.replace(template, step=step, mode_step=step, wall_time=time.time())
+                record = restamped(template, step)
                 step += 1
                 return record
 
             # warm-up: open() and the first writes (imports, file creation) happen here
             for _ in range(2):
                 record = next_record()
-                dispatcher.submit(lambda record=record: record)
+                dispatcher.submit(record)
             dispatcher.flush(timeout=600)
 
             # the idle reference is taken right here, not once for all backends: on a shared
@@ -196,7 +205,7 @@ def measure(name: str, template: tl.StepRecord, args: argparse.Namespace, work: 
                 simulated_training(iterations)
                 record = next_record()
                 submit, submit_cpu = time.perf_counter(), time.thread_time()
-                dispatcher.submit(lambda record=record: record)
+                dispatcher.submit(record)
                 blocked.append((time.perf_counter() - submit) * 1000)
                 blocked_cpu.append((time.thread_time() - submit_cpu) * 1000)
                 worked.append((submit - start) * 1000)
@@ -207,7 +216,7 @@ def measure(name: str, template: tl.StepRecord, args: argparse.Namespace, work: 
             start = time.perf_counter()
             for _ in range(args.burst):
                 record = next_record()
-                dispatcher.submit(lambda record=record: record)
+                dispatcher.submit(record)
             dispatcher.flush(timeout=600)
             elapsed = time.perf_counter() - start
             dispatcher.close(timeout=600)

@@ -78,3 +78,22 @@ def test_peak_memory_is_measured_in_a_subprocess(overhead):
 def test_unknown_names_fail_early(overhead):
     with pytest.raises(ValueError, match="Expected models"):
         overhead.run_benchmark(overhead.BenchConfig(models=["resnet"], quiet=True))
+
+
+def test_the_backends_benchmark_writes_every_record(tmp_path, capsys):
+    """``benchmarks/backends.py`` in its quickest form: every backend row measured (a row with an
+    error is how the benchmark reports a backend it could not run, so none may have one)."""
+    spec = importlib.util.spec_from_file_location("tensorlens_benchmark_backends", BENCHMARK.parent / "backends.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    try:
+        spec.loader.exec_module(module)
+        results = module.main(["--backends", "memory", "local", "tensorboard", "--scalars", "50", "--histograms", "5",
+                               "--steps", "3", "--burst", "3", "--work-ms", "1", "--json"])
+    finally:
+        sys.modules.pop(spec.name, None)
+    assert [r.backend for r in results] == ["memory", "local", "tensorboard"]
+    for r in results:
+        assert r.error is None, (r.backend, r.error)
+        assert r.written == 2 + 3 + 3 and r.failed == 0 and r.dropped == 0, r  # warm-up, paced steps, burst
+    json.loads(capsys.readouterr().out)

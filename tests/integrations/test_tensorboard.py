@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import struct
 import sys
 
 import numpy as np
@@ -124,6 +125,62 @@ def test_reuses_a_given_writer_and_leaves_it_open(tmp_path) -> None:
     with tl.open_run(hook.run_dir) as run:
         assert assert_matches_store(events, run, prefix="stats") > 0
     assert not (tmp_path / "run" / "tensorboard").exists()
+    writer.close()
+
+
+def _records(path) -> list[tuple[bytes, int, int, int]]:
+    """Each TFRecord of an event file: (data, its length, the stored CRC of the length, of the data)."""
+    out, blob, at = [], path.read_bytes(), 0
+    while at < len(blob):
+        (length,) = struct.unpack_from("<Q", blob, at)
+        (length_crc,) = struct.unpack_from("<I", blob, at + 8)
+        data = blob[at + 12 : at + 12 + length]
+        (data_crc,) = struct.unpack_from("<I", blob, at + 12 + length)
+        out.append((data, length, length_crc, data_crc))
+        at += 12 + length + 4
+    return out
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_event_records_carry_tensorboards_own_checksums(tmp_path, given: bool) -> None:
+    """The records are checksummed by google-crc32c, in C, not by TensorBoard's Python loop over
+    every byte (on the event writer's thread, holding the GIL): each record's two masked CRC-32C
+    equal TensorBoard's own Python implementation, and TensorBoard reads the file back."""
+    pytest.importorskip("google_crc32c")
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    writer = SummaryWriter(log_dir=str(tmp_path / "tb")) if given else None
+    backend = TensorBoardBackend(writer=writer, log_dir=None if given else str(tmp_path / "tb"), tracker_stats="all")
+    model = mlp()
+    hook = tl.watch(model, save_interval=1, out_dir=tmp_path / "run", backends=[backend])
+    train(model, 3)
+    assert hook.flush()  # every record written (on the backend's thread)
+    record_writer = backend.writer._get_file_writer().event_writer._async_writer._writer
+    assert "write" in vars(record_writer)  # ours: the Python checksum is not used
+    hook.close()
+    if writer is not None:
+        writer.close()
+    (events_file,) = (tmp_path / "tb").glob("events.out.tfevents.*")
+    records = _records(events_file)
+    assert len(records) > 3 and sum(len(data) for data, *_ in records) > 10_000
+    for data, length, length_crc, data_crc in records:
+        assert length_crc == masked_crc32c(struct.pack("<Q", length))
+        assert data_crc == masked_crc32c(data)
+    with tl.open_run(hook.run_dir) as run:
+        assert assert_matches_store(read_events(tmp_path / "tb"), run) > 0
+
+
+def test_without_google_crc32c_the_writer_is_left_as_it_is(tmp_path, monkeypatch) -> None:
+    from tensorlens.integrations._tensorboard_records import fast_records
+
+    writer = SummaryWriter(log_dir=str(tmp_path / "tb"))
+    record_writer = writer._get_file_writer().event_writer._async_writer._writer
+    monkeypatch.setitem(sys.modules, "google_crc32c", None)  # as if not installed
+    assert not fast_records(writer._get_file_writer()) and "write" not in vars(record_writer)
+    monkeypatch.undo()
+    record_writer.write = lambda data: None  # someone else's replacement stays
+    assert not fast_records(writer._get_file_writer())
+    assert not fast_records(object())  # not a torch FileWriter
     writer.close()
 
 
