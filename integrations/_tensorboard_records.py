@@ -2,7 +2,7 @@
 
 TensorBoard's ``RecordWriter`` frames every event with two masked CRC-32C checksums, and without
 TensorFlow it computes them with a Python loop over every byte (``tensorflow_stub``'s
-``crc32c``): about 25 ms for the 150 kB event of one record of a 4-layer GPT-2, on the event
+``crc32c``): about 20 ms for the 125 kB event of one record of a 4-layer GPT-2, on the event
 writer's thread, holding the GIL that the training thread needs. ``google-crc32c`` (the
 ``[tensorboard]`` extra) computes the same checksum in C (hardware-accelerated where the CPU has
 it) in tens of microseconds. The file's bytes are identical; only who computes them changes.
