@@ -109,3 +109,18 @@ def kernel(request, monkeypatch):
     monkeypatch.undo()
     native.reset()
     path.reset()
+
+
+@pytest.fixture
+def kernel_on(monkeypatch):
+    """The compiled kernel in use (skipped where no C compiler builds it), whatever the environment
+    asks for; forgotten again afterwards."""
+    from tensorlens.stats import native
+
+    monkeypatch.delenv("TENSORLENS_NATIVE", raising=False)
+    monkeypatch.delenv("TENSORLENS_STATS_PATH", raising=False)
+    native.reset()
+    if not native.available():
+        pytest.skip("no C compiler here: the compiled kernel is not built")
+    yield
+    native.reset()

@@ -22,16 +22,6 @@ from tensorlens.stats.histogram import histogram_counts, histogram_range, sample
 from tensorlens.stats.moments import COL, NATIVE_COLUMNS, partial_rows
 
 
-@pytest.fixture
-def kernel_on(monkeypatch):
-    monkeypatch.delenv("TENSORLENS_NATIVE", raising=False)
-    native.reset()
-    if not native.available():
-        pytest.skip("no C compiler here: the compiled kernel is not built")
-    yield
-    native.reset()
-
-
 def _torch_rows(values: list[torch.Tensor], monkeypatch) -> torch.Tensor:
     monkeypatch.setenv("TENSORLENS_NATIVE", "0")
     native.reset()

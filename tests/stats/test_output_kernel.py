@@ -9,18 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from tensorlens.stats import derived, native
-
-
-@pytest.fixture
-def kernel_on(monkeypatch):
-    monkeypatch.delenv("TENSORLENS_NATIVE", raising=False)
-    monkeypatch.delenv("TENSORLENS_STATS_PATH", raising=False)
-    native.reset()
-    if not native.available():
-        pytest.skip("no C compiler here: the compiled kernel is not built")
-    yield
-    native.reset()
+from tensorlens.stats import derived
 
 
 def _torch_path(monkeypatch, *args, **kwargs) -> derived.OutputStatistics:
