@@ -234,22 +234,32 @@ def test_extra_step_keys_get_rows_of_their_own_next_to_a_logger(tmp_path: Any) -
     assert len([r for r in run_file.history if "tensorlens-gradients/2.weight/heatmap_table" in r]) == 3
 
 
-def test_records_and_user_rows_all_arrive_when_the_threads_race(tmp_path: Any) -> None:
-    """No flush: records reach W&B whenever the backend thread gets to them, between, into or
-    after the user's rows. None is lost or overwritten, and neither are the user's."""
-    run = start_run(tmp_path)
+def train_logging_loss(run: Any, tmp_path: Any, steps: int, flush: bool = False) -> tuple[tl.Hook, list[float]]:
+    """``steps`` SGD steps of :func:`make_model` watched with the W&B backend (every step saved, no
+    histograms), the user logging each loss to ``run`` after the step; ``flush``: each record lands
+    before the user's row. Returns the closed hook and the losses."""
     model = make_model()
     hook = tl.watch(model, save_interval=1, backends=["wandb"], out_dir=tmp_path / "tl", histograms=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
-    for _ in range(20):
+    for _ in range(steps):
         loss = model(torch.randn(8, 6)).pow(2).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if flush:
+            assert hook.flush()  # the record lands before the user's row is committed
         losses.append(loss.item())
         run.log({"loss": losses[-1]})
     hook.close()
+    return hook, losses
+
+
+def test_records_and_user_rows_all_arrive_when_the_threads_race(tmp_path: Any) -> None:
+    """No flush: records reach W&B whenever the backend thread gets to them, between, into or
+    after the user's rows. None is lost or overwritten, and neither are the user's."""
+    run = start_run(tmp_path)
+    hook, losses = train_logging_loss(run, tmp_path, 20)
     wandb.finish()
     run_file = read_run_dir(str(tmp_path))
     assert sorted(assert_matches_store(run_file, hook.run_dir)) == list(range(20))
@@ -263,19 +273,7 @@ def test_a_user_committing_every_step_costs_one_step_query_per_record(tmp_path: 
     reads = []
     step_property = type(run).step
     monkeypatch.setattr(type(run), "step", property(lambda self: reads.append(1) or step_property.fget(self)))
-    model = make_model()
-    hook = tl.watch(model, save_interval=1, backends=["wandb"], out_dir=tmp_path / "tl", histograms=False)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    losses = []
-    for _ in range(10):
-        loss = model(torch.randn(8, 6)).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        assert hook.flush()  # the record lands before the user's row is committed
-        losses.append(loss.item())
-        run.log({"loss": losses[-1]})
-    hook.close()
+    hook, losses = train_logging_loss(run, tmp_path, 10, flush=True)
     monkeypatch.undo()
     wandb.finish()
     # one read per logged row: 10 records and the tables at close() (21 before: one more per
