@@ -21,8 +21,10 @@
 #define CHUNK (1 << 16)
 #define LANES 8
 
+/* sum(a[i] * b[i]) over n values in double, in LANES independent accumulators (vectorised, no
+ * reassociation needed). Not static: outputs.c sums a row's squares with them, the same way. */
 #define DEFINE_DOT(T, NAME)                                                                   \
-    static double NAME(const T *a, const T *b, int64_t n) {                                   \
+    double NAME(const T *a, const T *b, int64_t n) {                                          \
         double lane[LANES] = {0};                                                             \
         int64_t i = 0;                                                                        \
         for (; i + LANES <= n; i += LANES)                                                    \
@@ -33,8 +35,8 @@
         return total;                                                                         \
     }
 
-DEFINE_DOT(float, dot_f32)
-DEFINE_DOT(double, dot_f64)
+DEFINE_DOT(float, tl_dot_f32)
+DEFINE_DOT(double, tl_dot_f64)
 
 /* out[i] = sum(a[i] * b[i]) for k pairs of numel[i] values each, float (is_double[i] == 0) or
  * double. Returns 0, or -1 when memory for the chunk sums could not be had. */
@@ -61,8 +63,8 @@ int tl_dots(int64_t k, const void *const *a, const void *const *b, const int64_t
         }
         int64_t start = (item - first[lo]) * CHUNK;
         int64_t n = numel[lo] - start < CHUNK ? numel[lo] - start : CHUNK;
-        part[item] = is_double[lo] ? dot_f64((const double *)a[lo] + start, (const double *)b[lo] + start, n)
-                                   : dot_f32((const float *)a[lo] + start, (const float *)b[lo] + start, n);
+        part[item] = is_double[lo] ? tl_dot_f64((const double *)a[lo] + start, (const double *)b[lo] + start, n)
+                                   : tl_dot_f32((const float *)a[lo] + start, (const float *)b[lo] + start, n);
     }
     (void)threads;
     for (int64_t i = 0; i < k; i++) {

@@ -26,9 +26,11 @@
 #include <omp.h>
 #endif
 
-#define LANES 8 /* independent double accumulators of a row's squares: vectorised, no reassociation needed */
+/* a row's sum of squares: the dot product of dots.c (double, in independent lanes), of the row with itself */
+double tl_dot_f32(const float *a, const float *b, int64_t n);
+double tl_dot_f64(const double *a, const double *b, int64_t n);
 
-#define DEFINE_ROW(T, NAME, ABS)                                                                             \
+#define DEFINE_ROW(T, NAME, ABS, DOT)                                                                       \
     static void NAME(const T *row, int64_t m, int64_t units, int64_t inner, T threshold, int64_t *counts,  \
                      double *square, int32_t saturation, T low, T high, int64_t *saturated) {               \
         if (counts != NULL) {                                                                               \
@@ -46,16 +48,7 @@
                 }                                                                                           \
             }                                                                                               \
         }                                                                                                   \
-        if (square != NULL) {                                                                               \
-            double lane[LANES] = {0};                                                                       \
-            int64_t i = 0;                                                                                  \
-            for (; i + LANES <= m; i += LANES)                                                              \
-                for (int j = 0; j < LANES; j++) lane[j] += (double)row[i + j] * (double)row[i + j];        \
-            double total = 0.0;                                                                             \
-            for (; i < m; i++) total += (double)row[i] * (double)row[i];                                    \
-            for (int j = 0; j < LANES; j++) total += lane[j];                                               \
-            *square = total;                                                                                \
-        }                                                                                                   \
+        if (square != NULL) *square = DOT(row, row, m);                                                     \
         if (saturation) {                                                                                   \
             int64_t count = 0;                                                                              \
             for (int64_t i = 0; i < m; i++) count += (row[i] >= high) | (row[i] <= low);                   \
@@ -63,8 +56,8 @@
         }                                                                                                   \
     }
 
-DEFINE_ROW(float, row_f32, fabsf)
-DEFINE_ROW(double, row_f64, fabs)
+DEFINE_ROW(float, row_f32, fabsf, tl_dot_f32)
+DEFINE_ROW(double, row_f64, fabs, tl_dot_f64)
 
 static void rows(const void *data, int32_t is_double, int64_t first, int64_t last, int64_t m, int64_t units,
                  int64_t inner, double threshold, int64_t *counts, double *squares, int32_t saturation, double low,
