@@ -144,10 +144,16 @@ def _native_dots(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> torch.
             return None
         if y is not x and not (y.is_cpu and y.dtype == x.dtype and y.is_contiguous() and y.numel() == x.numel()):
             return None
-    if sum(x.numel() for x in a) >= NATIVE_DOTS_ONE_THREAD_LIMIT and not native.shares_torch_threads():
-        if torch.get_num_threads() > 1:
-            return None
+    if _left_to_torch_threads(sum(x.numel() for x in a), NATIVE_DOTS_ONE_THREAD_LIMIT):
+        return None
     return native.dots(list(a), list(b))  # pointers only: no autograd
+
+
+def _left_to_torch_threads(values: int, limit: int) -> bool:
+    """Whether ``values`` values are better read by PyTorch's threads than by the kernel: from
+    ``limit`` on, where the kernel has no OpenMP threads of PyTorch's to share (it reads with one)
+    and PyTorch has several."""
+    return values >= limit and not native.shares_torch_threads() and torch.get_num_threads() > 1
 
 
 def _joined(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -425,7 +431,7 @@ def _native_read(
     if y.dim() == 0 or not native.supports(y) or torch.compiler.is_compiling():  # a pointer is no graph op
         return None
     numel = y.numel()
-    if numel >= NATIVE_ONE_THREAD_LIMIT and not native.shares_torch_threads() and torch.get_num_threads() > 1:
+    if _left_to_torch_threads(numel, NATIVE_ONE_THREAD_LIMIT):
         return None
     batch, units_, inner, positions = _unit_layout(y.shape, numel, channel_last)
     divisor = math.sqrt(numel // batch) if normalize and numel else 1.0
