@@ -271,8 +271,7 @@ class MLflowBackend(Backend):
         if isinstance(record, Finding):
             self._finding_counts[record.rule] = self._finding_counts.get(record.rule, 0) + 1
             return
-        self._last_timestamp = max(int(record.wall_time * 1000), self._last_timestamp + 1)
-        self._last_wall_ms = max(int(record.wall_time * 1000), self._last_wall_ms)
+        self._stamp(record)
         payload = self.payload(record)  # the selector remembers the tensors that held NaN or Inf
         if self.histogram_every and payload.histograms:
             chunk = self._chunk(record.mode)
@@ -282,18 +281,22 @@ class MLflowBackend(Backend):
                 self._chunks.pop(record.mode, None)
         self._add_panels(record, payload.panels)
 
+    def _stamp(self, record: StepRecord) -> int:
+        """The timestamp of ``record``'s metric points (ms). MLflow keys a point by (key, step,
+        timestamp, value): two eval mode steps closed in the same millisecond at one optimizer step
+        would collapse into one point, so every record's timestamp is kept after the previous one."""
+        wall_ms = int(record.wall_time * 1000)
+        self._last_timestamp = max(wall_ms, self._last_timestamp + 1)
+        self._last_wall_ms = max(wall_ms, self._last_wall_ms)
+        return self._last_timestamp
+
     def write(self, record: StepRecord) -> None:
         from mlflow.entities import Metric
 
         # MLflow retries a refused connection for minutes; one TCP connect first (about 0.1 ms on a
         # LAN) turns a dead server into one clear error at once, so records fail instead of piling up
         _probe(self.tracking_uri)
-        # MLflow keys a metric point by (key, step, timestamp, value): two eval mode steps closed in
-        # the same millisecond at one optimizer step would collapse into one point. Keep every
-        # record's timestamp after the previous one.
-        timestamp = max(int(record.wall_time * 1000), self._last_timestamp + 1)
-        self._last_timestamp = timestamp
-        self._last_wall_ms = max(int(record.wall_time * 1000), self._last_wall_ms)
+        timestamp = self._stamp(record)
         payload = self.payload(record)
         # one value per metric: a series named twice in a record keeps its last value, as the reader does
         values: dict[str, float] = {}
