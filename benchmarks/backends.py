@@ -101,15 +101,6 @@ def make_record(n_scalars: int, n_histograms: int, bins: int) -> tl.StepRecord:
     return tl.StepRecord(0, ModeKeys.TRAIN, 0, "worker_0", time.time(), scalars=scalars, histograms=histograms)
 
 
-def restamped(template: tl.StepRecord, step: int) -> tl.StepRecord:
-    """``template`` at ``step`` (records are immutable: a new one over the same arrays)."""
-    return tl.StepRecord.from_arrays(
-        step, template.mode, step, template.worker, time.time(), scalar_names=template.scalar_names,
-        scalar_values=template.scalar_values, histogram_names=template.histogram_names, counts=template.counts,
-        edges=template.edges, histogram_info=template.histogram_info,
-    )
-
-
 @contextlib.contextmanager
 def open_backend(name: str, work_dir: str) -> Iterator[tl.Backend]:
     """The backend ``name`` writing under ``work_dir`` (a tracker run created for it)."""
@@ -176,7 +167,7 @@ def measure(name: str, template: tl.StepRecord, args: argparse.Namespace, work: 
 
             def next_record() -> tl.StepRecord:
                 nonlocal step
-                record = restamped(template, step)
+                record = template.replace(step=step, mode_step=step, wall_time=time.time())
                 step += 1
                 return record
 

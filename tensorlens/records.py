@@ -96,6 +96,13 @@ def histogram_entry(tensor: str, counts: np.ndarray, edges: np.ndarray, info: It
     return HistogramEntry(tensor, counts, edges, **fields)
 
 
+#: What makes a record: the arguments of :meth:`StepRecord.from_arrays` (and :meth:`StepRecord.replace`).
+_RECORD_FIELDS = (
+    "step", "mode", "mode_step", "worker", "wall_time", "scalar_names", "scalar_values", "histogram_names", "counts",
+    "edges", "histogram_info", "tensors", "shapes",
+)
+
+
 class StepRecord:
     """Everything recorded for one (mode, mode step) of one worker.
 
@@ -276,19 +283,32 @@ class StepRecord:
     def histogram_dict(self) -> dict[str, HistogramEntry]:
         return {entry.tensor: entry for entry in self.histograms}
 
+    def replace(self, **changes: Any) -> StepRecord:
+        """A new record like this one with ``changes`` (any argument of :meth:`from_arrays`:
+        ``step``, ``wall_time``, ``scalar_values``, ...), sharing every array not changed: a record
+        is immutable, this is how one is changed.
+
+        >>> r = StepRecord(3, ModeKeys.TRAIN, 3, "worker_0", 0.0, scalars=[ScalarEntry("gradients/w", "l2", 2.0)])
+        >>> later = r.replace(step=4, mode_step=4, wall_time=1.5)
+        >>> later.step, later.wall_time, later.scalar_dict()
+        (4, 1.5, {'gradients/w/l2': 2.0})
+        """
+        unknown = set(changes) - set(_RECORD_FIELDS)
+        if unknown:
+            raise TypeError(f"StepRecord.replace: no field {sorted(unknown)[0]!r} (fields: {', '.join(_RECORD_FIELDS)})")
+        return StepRecord.from_arrays(**{name: changes.get(name, getattr(self, name)) for name in _RECORD_FIELDS})
+
     def without(self, histograms: bool = False, tensors: bool = False) -> StepRecord:
         """This record without its histograms and/or raw tensors (sharing every other array), for a
         backend that takes neither."""
         if not (histograms and self.histogram_names) and not (tensors and self.tensors):
             return self
-        record = StepRecord.from_arrays(
-            self.step, self.mode, self.mode_step, self.worker, self.wall_time,
-            scalar_names=self.scalar_names, scalar_values=self.scalar_values,
-            histogram_names=() if histograms else self.histogram_names,
-            counts=_NO_COUNTS if histograms else self.counts, edges=_NO_EDGES if histograms else self.edges,
-            histogram_info=None if histograms else self.histogram_info,
-            tensors=() if tensors else self.tensors, shapes=self.shapes,
-        )
+        changes: dict[str, Any] = {}
+        if histograms:
+            changes.update(histogram_names=(), counts=_NO_COUNTS, edges=_NO_EDGES, histogram_info=None)
+        if tensors:
+            changes["tensors"] = ()
+        record = self.replace(**changes)
         if "scalars" in self.__dict__:
             record.__dict__["scalars"] = self.__dict__["scalars"]
         return record

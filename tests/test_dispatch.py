@@ -509,3 +509,27 @@ def test_bad_registrations_fail_clearly(registry, name, backend, message) -> Non
 def test_an_unknown_backend_name_lists_the_known_ones(tmp_path) -> None:
     with pytest.raises(ValueError, match=r"Expected `backends` to be names from \['local', 'memory'.*but got 'nope'"):
         tl.watch(mlp(), out_dir=tmp_path / "run", backends=["nope"])
+
+
+def test_a_record_is_changed_by_replace_sharing_what_it_does_not_change() -> None:
+    """Records are immutable (every backend shares one): ``replace`` makes the changed copy, and
+    ``without`` (a backend that takes no histograms) is one such copy."""
+    import numpy as np
+
+    record = tl.StepRecord(
+        3, ModeKeys.TRAIN, 3, "worker_0", 1.0,
+        scalars=[tl.ScalarEntry("gradients/w", "l2", 2.0)],
+        histograms=[tl.HistogramEntry("gradients/w", np.array([1, 2]), np.array([0.0, 1.0, 2.0]), 0.0, 2.0, 3, 3.0, 5.0)],
+    )
+    later = record.replace(step=4, mode_step=4, worker="worker_1", scalar_values=record.scalar_values * 2)
+    assert (later.step, later.mode_step, later.worker, later.wall_time) == (4, 4, "worker_1", 1.0)
+    assert later.scalar_dict() == {"gradients/w/l2": 4.0} and record.scalar_dict() == {"gradients/w/l2": 2.0}
+    assert later.counts is record.counts and later.edges is record.edges and later.scalar_names is record.scalar_names
+    assert later.histogram_dict()["gradients/w"].counts.tolist() == [1, 2]
+    bare = record.without(histograms=True)
+    assert bare.histogram_names == () and bare.scalar_values is record.scalar_values and bare.step == 3
+    assert record.without() is record
+    with pytest.raises(TypeError, match="no field 'stepp'"):
+        record.replace(stepp=5)
+    with pytest.raises(AttributeError, match="immutable"):
+        record.step = 5

@@ -671,13 +671,7 @@ def test_per_layer_images_are_named_alike_whatever_the_order_of_records_of_one_m
     # eval record closed a little before the train record was handed over
     assert [r.mode for r in records[-3:]] == [tl.ModeKeys.TRAIN] + [tl.ModeKeys.EVAL] * 2
     base = records[-1].wall_time + 1.0
-    records[-3:] = [
-        tl.StepRecord.from_arrays(
-            r.step, r.mode, r.mode_step, r.worker, base + seconds, scalar_names=r.scalar_names, scalar_values=r.scalar_values,
-            histogram_names=r.histogram_names, counts=r.counts, edges=r.edges, histogram_info=r.histogram_info,
-        )
-        for r, seconds in zip(records[-3:], (0.0012, 0.0, 0.0013), strict=True)
-    ]
+    records[-3:] = [r.replace(wall_time=base + seconds) for r, seconds in zip(records[-3:], (0.0012, 0.0, 0.0013), strict=True)]
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
     names = []

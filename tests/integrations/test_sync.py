@@ -262,16 +262,11 @@ def test_every_worker_file_is_replayed(tmp_path: Any) -> None:
         records = list(stored.records())
     # worker 1's file, as a second rank writes it (its own LocalBackend)
     from tensorlens.backends.local import LocalBackend
-    from tensorlens.records import StepRecord
 
     worker = LocalBackend()
     worker.open(tl.RunInfo("r", run_dir, rank=1, world_size=2))
     for r in records:
-        worker.write(StepRecord.from_arrays(
-            r.step, r.mode, r.mode_step, "worker_1", r.wall_time, scalar_names=r.scalar_names,
-            scalar_values=r.scalar_values * 2, histogram_names=r.histogram_names, counts=r.counts, edges=r.edges,
-            histogram_info=r.histogram_info,
-        ))
+        worker.write(r.replace(worker="worker_1", scalar_values=r.scalar_values * 2))
     worker.close()
     result = sync_run(run_dir, "tensorboard", logdir=str(tmp_path / "tb"), progress=False)
     assert result.sent == {("train", "worker_0"): 2, ("eval", "worker_0"): 1, ("train", "worker_1"): 2, ("eval", "worker_1"): 1}
