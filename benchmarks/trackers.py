@@ -67,7 +67,9 @@ def trackers(folder: str) -> Any:
 
     mlflow.set_tracking_uri(f"sqlite:///{os.path.join(folder, 'mlflow.db')}")
     run = wandb.init(project="tensorlens-bench", dir=folder, settings=wandb.Settings(console="off"))
-    mlflow.start_run()
+    # artifacts beside the store: the default experiment's would go to ./mlruns in the working folder
+    experiment = mlflow.create_experiment("tensorlens-bench", artifact_location=os.path.join(folder, "mlflow-artifacts"))
+    mlflow.start_run(experiment_id=experiment)
     writer = SummaryWriter(os.path.join(folder, "tb-user"))
     try:
         yield run, mlflow, writer

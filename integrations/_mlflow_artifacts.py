@@ -12,6 +12,7 @@ by the collections and panel statistics, not by the tensors or the steps.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import math
 import os
 import time
@@ -27,6 +28,11 @@ from tensorlens.backends.payload import LayerPanel
 from tensorlens.modes import ModeKeys
 from tensorlens.records import HistogramEntry, StepRecord
 from tensorlens.stats.views import StrideThinner
+
+try:  # optional: a faster JSON encoder for the histogram artifacts (HistogramChunk.encode)
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None
 
 # close() draws the per-layer images for at most this long (the dispatcher waits for a backend's
 # close() until its close timeout, 60 s by default); a dozen images take a few seconds
@@ -69,6 +75,19 @@ class HistogramChunk:
             "mode": str(self.mode),
             "records": self.records,
         }
+
+    def encode(self, run: RunInfo | None) -> bytes:
+        """:meth:`document` as compact UTF-8 JSON. A chunk of a small GPT-2 holds ~250,000 numbers:
+        the standard library's encoder spends ~40 ms on them in one call that holds the GIL (the
+        training thread waits), ``orjson`` ~4 ms; it is used where installed (the ``[mlflow]``
+        extra), with the same JSON values (shortest round-trip floats either way)."""
+        document = self.document(run)
+        if _orjson is not None:
+            try:
+                return _orjson.dumps(document)
+            except (TypeError, OverflowError):  # (an integer beyond 64 bits): the standard encoder takes it
+                pass
+        return json.dumps(document, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
 def _finite_or_none(value: float) -> float | None:

@@ -475,11 +475,11 @@ class MLflowBackend(Backend):
         folder = os.path.join(self._tmp, "histograms", str(chunk.mode))
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, chunk.filename)
-        # json.dumps and one write: json.dump to a file runs the pure-Python encoder, several
+        # encoded whole, then one write: json.dump to a file runs the pure-Python encoder, several
         # times slower, on a thread that shares the GIL with training
-        text = json.dumps(chunk.document(self._run), separators=(",", ":"), allow_nan=False)
-        with open(path, "w", encoding="utf-8") as file:
-            file.write(text)
+        data = chunk.encode(self._run)
+        with open(path, "wb") as file:
+            file.write(data)
         try:
             self._client.log_artifact(self.run_id, path, f"{self.artifact_root}/histograms/{chunk.mode}")
         finally:
