@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import platform
@@ -95,6 +96,34 @@ def thread_cpu_seconds() -> dict[str, float]:
     return {k: round(v, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
 
 
+class GcPauses:
+    """The interpreter's full (generation 2) collections that fall inside a timed step, by variant:
+    one takes 0.1-0.5 s in a process holding torch, transformers, wandb and mlflow, so a single
+    one in 20 saved steps moves the mean ratio by several per cent."""
+
+    def __init__(self) -> None:
+        self.inside: str | None = None  # the variant whose timed step runs now
+        self._started: float | None = None
+        self.pauses: dict[str, list[float]] = {}
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if info.get("generation") != 2 or self.inside is None:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            self.pauses.setdefault(self.inside, []).append(time.perf_counter() - self._started)
+            self._started = None
+
+    def stop(self) -> None:
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._callback)
+
+    def summary(self) -> dict[str, str]:
+        return {name: f"{len(p)} taking {1e3 * sum(p):.0f} ms" for name, p in sorted(self.pauses.items())}
+
+
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     folder = tempfile.mkdtemp(prefix="tl-bench-trackers-")
@@ -117,6 +146,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         )
         step = 0
         own_steps = {name: 0 for name in models}
+        gc_pauses = GcPauses()
 
         def train(name: str, n: int, timed: bool) -> None:
             nonlocal step
@@ -124,6 +154,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             for _ in range(n):
                 is_saved = own_steps[name] % args.save_interval == 0
                 own_steps[name] += 1
+                gc_pauses.inside = name if timed else None
                 start = time.perf_counter()
                 loss = model(batch, labels=batch).loss
                 loss.backward()
@@ -134,6 +165,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
                 mlflow.log_metric(f"{name}_loss", value, step=step)
                 writer.add_scalar(f"{name}/loss", value, step)
                 step += 1
+                gc_pauses.inside = None
                 if timed:
                     times[name].append(time.perf_counter() - start)
                     if name == "tensorlens":
@@ -144,6 +176,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         for _ in range(args.rounds):
             for name in models:
                 train(name, args.block, timed=True)
+        gc_pauses.stop()
         cpu = thread_cpu_seconds()
         start = time.perf_counter()
         hook.close()
@@ -159,6 +192,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "saved_step_ms": 1e3 * statistics.fmean([t for t, s in zip(lens, saved, strict=True) if s]),
         "other_step_ms": 1e3 * statistics.fmean([t for t, s in zip(lens, saved, strict=True) if not s]),
         "close_s": close_s,
+        "full_gc_in_steps": gc_pauses.summary(),
         "thread_cpu_s": cpu,
         "steps_timed_each": len(base),
     }
@@ -213,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  ratio       mean {r['ratio_mean']:8.2f}     median {r['ratio_median']:8.2f}     (target <= 1.2)")
     print(f"  tensorlens  saved steps {r['saved_step_ms']:8.1f} ms  other steps {r['other_step_ms']:8.1f} ms")
     print(f"  hook.close() {r['close_s']:.2f} s; {r['steps_timed_each']} steps timed per variant")
+    gcs = r["full_gc_in_steps"]
+    print("  full GC inside timed steps: " + (", ".join(f"{k} {v}" for k, v in gcs.items()) or "none"))
     if r["thread_cpu_s"]:
         print("  CPU seconds by thread: " + ", ".join(f"{k} {v}" for k, v in r["thread_cpu_s"].items()))
     return 0

@@ -197,6 +197,28 @@ def test_falls_back_to_pytorch_when_disabled_or_unbuildable(monkeypatch, tmp_pat
     native.reset()
 
 
+def test_the_switches_are_read_at_every_call_however_they_are_set(kernel_on, monkeypatch) -> None:
+    # library() looks at the environment's own dict first (see build._switched_off): every way of
+    # changing os.environ must still reach it at the next call, with no reset
+    from tensorlens.stats.native import build
+
+    assert build.library() is not None
+    monkeypatch.setenv("TENSORLENS_NATIVE", "0")
+    assert build.library() is None
+    monkeypatch.delenv("TENSORLENS_NATIVE")
+    assert build.library() is not None
+    os.environ["TENSORLENS_STATS_PATH"] = " Triton "
+    try:
+        assert build.library() is None
+        os.environ.update(TENSORLENS_STATS_PATH="native")
+        assert build.library() is not None
+        os.environ["TENSORLENS_STATS_PATH"] = "torch"
+        assert build.library() is None
+    finally:
+        os.environ.pop("TENSORLENS_STATS_PATH", None)
+    assert build.library() is not None
+
+
 def _stats(tensor: torch.Tensor):
     host = StepStatistics().compute([TensorJob("t", [tensor], ("mean", "std"))])
     _record = host_record(host)
