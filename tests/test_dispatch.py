@@ -533,3 +533,21 @@ def test_a_record_is_changed_by_replace_sharing_what_it_does_not_change() -> Non
         record.replace(stepp=5)
     with pytest.raises(AttributeError, match="immutable"):
         record.step = 5
+
+
+def test_a_record_gives_back_each_histogram_field_by_name() -> None:
+    """Every histogram field survives the record's packed arrays under its own name, whatever
+    the order the record keeps them in (``HISTOGRAM_INFO``)."""
+    import numpy as np
+
+    from tensorlens.records import HISTOGRAM_INFO
+
+    entry = tl.HistogramEntry(
+        "activations/fc1", np.array([4, 5, 6]), np.array([-1.5, 0.0, 0.5, 2.0]), min=-1.25, max=1.75, count=15,
+        sum=3.5, sum_squares=9.25, nan_count=2, inf_count=3, rejected=4, underflow=5, overflow=6, sampled=True,
+    )
+    record = tl.StepRecord(1, ModeKeys.TRAIN, 1, "worker_0", 0.0, scalars=[], histograms=[entry])
+    back = record.histogram("activations/fc1")
+    for key in HISTOGRAM_INFO:
+        assert getattr(back, key) == getattr(entry, key) and type(getattr(back, key)) is type(getattr(entry, key)), key
+    assert back.counts.tolist() == [4, 5, 6] and back.edges.tolist() == [-1.5, 0.0, 0.5, 2.0]

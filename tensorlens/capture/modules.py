@@ -194,10 +194,11 @@ class ModuleCapture:
         self.detach()
         self._active = True
         grad_names = {name for name, _ in output_grads}
+        output_names = {name for name, _ in outputs}
         for name, module in outputs:
             self._register(module.register_forward_hook, self._output_hook(name, name in grad_names), name)
         for name, module in output_grads:
-            if name not in {n for n, _ in outputs}:
+            if name not in output_names:
                 self._register(module.register_forward_hook, self._output_hook(name, True, record_output=False), name)
         for name, module in inputs:
             self._register(module.register_forward_pre_hook, self._input_hook(name), name, with_kwargs=True)
