@@ -26,7 +26,9 @@ Method (why it is built this way):
   into saved ones (statistics computed on the training thread) and the others (which pay only for
   the background threads' GIL). ``thread_cpu_s`` is the CPU time of each thread by name until
   ``hook.close()`` (with ``psutil``): what each tracker's thread (``tensorlens-wandb``, ...) and the
-  dispatcher cost. Nothing asserts a time: this is a measuring tool.
+  dispatcher cost. ``full_gc_in_steps`` counts the interpreter's full collections that fell inside
+  each variant's timed steps (0.1-0.5 s each here: one of them explains an outlying run). Nothing
+  asserts a time: this is a measuring tool.
 """
 
 from __future__ import annotations
