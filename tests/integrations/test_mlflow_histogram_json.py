@@ -76,3 +76,14 @@ def test_what_orjson_refuses_is_encoded_by_the_standard_library() -> None:
     with pytest.raises(TypeError):
         orjson.dumps(chunk.document(None))
     assert json.loads(chunk.encode(None))["records"][0]["histograms"]["blocks.0.attn/c_attn.weight"]["count"] == 2**70
+
+
+def test_a_tensor_name_orjson_refuses_still_reaches_the_file() -> None:
+    # a lone surrogate is not UTF-8: orjson raises, the standard encoder escapes it (\ud800), as
+    # before; markup and control characters go through either way
+    chunk = _chunk()
+    hostile = "blocks.0\ud800<script>\x07"
+    chunk.records[0]["histograms"][hostile] = {"counts": [1], "edges": [0.0, 1.0], "count": 1}
+    with pytest.raises(TypeError):
+        orjson.dumps(chunk.document(None))
+    assert hostile in json.loads(chunk.encode(None))["records"][0]["histograms"]
