@@ -5,6 +5,7 @@ Run it from the repository root::
     python benchmarks/trackers.py                          # readable table
     python benchmarks/trackers.py --json > out.json
     python benchmarks/trackers.py --tracker-stats all      # the whole store to every tracker
+    python benchmarks/trackers.py --breakdown              # CPU per saved step, part by part
 
 Method (why it is built this way):
 
@@ -29,12 +30,27 @@ Method (why it is built this way):
   dispatcher cost. ``full_gc_in_steps`` counts the interpreter's full collections that fell inside
   each variant's timed steps (0.1-0.5 s each here: one of them explains an outlying run). Nothing
   asserts a time: this is a measuring tool.
+- ``per round`` is the median (and quartiles) of one ratio per round, the tensorlens block over the
+  baseline block just before it. Both blocks hold the same saved steps, so each ratio charges them
+  in full; unlike the ratio of the means, the median is not moved by a burst of load from another
+  process that lands on one or two blocks (this machine is shared: the same code gives ratios of
+  the means several per cent apart from one run to the next).
+- ``--breakdown`` measures instead where the time goes, as CPU time (``time.thread_time``), which
+  other processes do not inflate the way they inflate wall time: the training thread's CPU per
+  saved and per other step against the baseline's (steps alternating one by one), the dispatcher
+  thread's CPU per record (the record's assembly), then, on the records of that run and one thread
+  at a time, the payload's choice and each backend's ``write`` per record (the first two records,
+  which carry one-off work such as W&B's chart tables, left out). On two cores and one GIL,
+  Python run on tensorlens's threads lengthens the training thread's steps by about as much, so
+  the sum over a save interval, divided by the baseline's CPU over that interval, estimates the
+  ratio before any GIL waiting or other process.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import json
 import os
@@ -220,6 +236,116 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def run_breakdown(args: argparse.Namespace) -> dict[str, Any]:
+    """CPU time per saved step, part by part (see the module docstring, ``--breakdown``)."""
+    from tensorlens.backends.local import LocalBackend
+    from tensorlens.backends.memory import MemoryBackend
+    from tensorlens.backends.payload import PayloadSelector
+
+    torch.set_num_threads(args.threads)
+    folder = tempfile.mkdtemp(prefix="tl-bench-breakdown-")
+    batch = torch.randint(0, 1024, (args.batch, args.seq))
+    models = {name: build_model(args.layers, args.width, seed=0) for name in ("baseline", "tensorlens")}
+    optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-3) for name, m in models.items()}
+    memory = MemoryBackend()
+    cpu: dict[str, list[float]] = {"baseline": [], "saved": [], "other": []}
+    warm = 2 * args.save_interval
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        extra = {} if args.tracker_stats is None else {"tracker_stats": args.tracker_stats}
+        hook = tl.watch(models["tensorlens"], activations=True, dynamics=True, save_interval=args.save_interval,
+                        backends=[memory], out_dir=os.path.join(folder, "store"), **extra)
+        dispatch_before = 0.0
+        steps = warm + args.rounds * args.block
+        for i in range(steps):
+            if i == warm:
+                dispatch_before = thread_cpu_seconds().get("tensorlens-dispatch", 0.0)
+            for name in models:  # one step each, in turn: both see the same load
+                model, opt = models[name], optimizers[name]
+                start = time.thread_time()
+                loss = model(batch, labels=batch).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                float(loss)
+                spent = time.thread_time() - start
+                if i >= warm:
+                    cpu["baseline" if name == "baseline" else ("saved" if i % args.save_interval == 0 else "other")].append(spent)
+        dispatch = thread_cpu_seconds().get("tensorlens-dispatch", 0.0) - dispatch_before
+        hook.close()
+    records = [r for r in memory.records if str(r.mode) == "train"]
+    timed_records = len(cpu["saved"])
+    ms = {k: 1e3 * statistics.fmean(v) for k, v in cpu.items()}
+    parts: dict[str, float] = {
+        "training thread: statistics of a saved step": ms["saved"] - ms["baseline"],
+        "training thread: the other steps of an interval, together": (args.save_interval - 1) * (ms["other"] - ms["baseline"]),
+        "dispatcher thread: the record's assembly": 1e3 * dispatch / max(1, timed_records) if dispatch else float("nan"),
+    }
+
+    def per_record(fn: Any) -> float:
+        spent = []
+        for record in records:
+            start = time.thread_time()
+            fn(record)
+            spent.append(time.thread_time() - start)
+        return 1e3 * statistics.fmean(spent[2:] or spent)
+
+    parts["payload's choice (once per record, shared by the trackers)"] = per_record(
+        PayloadSelector(args.tracker_stats or "default")._choose)
+    backends: dict[str, Any] = {"local": LocalBackend}
+    with contextlib.nullcontext() if args.local_only else trackers(folder), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if not args.local_only:
+            from tensorlens.integrations.mlflow import MLflowBackend
+            from tensorlens.integrations.tensorboard import TensorBoardBackend
+            from tensorlens.integrations.wandb import WandbBackend
+
+            makers = {"wandb": WandbBackend, "mlflow": MLflowBackend,
+                      "tensorboard": lambda: TensorBoardBackend(log_dir=os.path.join(folder, "tb"))}
+            backends.update({name: makers[name] for name in args.backends})
+        for name, make in backends.items():
+            backend = make()
+            # a RunInfo of its own: its own payload selector (the writes below include a choice)
+            run = dataclasses.replace(memory.run, run_dir=os.path.join(folder, f"run-{name}"))
+            os.makedirs(run.run_dir, exist_ok=True)
+            backend.open(run)
+            backend.write_metadata(memory.metadata or {})
+            parts[f"{name} backend: write" + ("" if name == "local" else " (its own payload choice included)")] = per_record(backend.write)
+            backend.close()
+    baseline_interval = args.save_interval * ms["baseline"]
+    return {
+        "meta": {"layers": args.layers, "width": args.width, "batch": args.batch, "seq": args.seq,
+                 "save_interval": args.save_interval, "threads": args.threads, "records": len(records),
+                 "tracker_stats": args.tracker_stats or os.environ.get("TENSORLENS_TRACKER_STATS") or "default"},
+        "baseline_step_cpu_ms": ms["baseline"],
+        "saved_step_cpu_ms": ms["saved"],
+        "other_step_cpu_ms": ms["other"],
+        "parts_ms_per_saved_step": parts,
+        "baseline_interval_cpu_ms": baseline_interval,
+    }
+
+
+def print_breakdown(report: dict[str, Any]) -> None:
+    m = report["meta"]
+    print(f"GPT-2 {m['layers']}x{m['width']}, activations and dynamics, saved every {m['save_interval']} steps, "
+          f"tracker_stats={m['tracker_stats']}: CPU time per saved step ({m['records']} records)")
+    print(f"  training thread per step: baseline {report['baseline_step_cpu_ms']:.1f} ms, tensorlens saved "
+          f"{report['saved_step_cpu_ms']:.1f} ms, other {report['other_step_cpu_ms']:.1f} ms")
+    interval = report["baseline_interval_cpu_ms"]
+    total = 0.0
+    for part, value in report["parts_ms_per_saved_step"].items():
+        if value == value:  # not NaN
+            total += value
+        print(f"  {value:7.2f} ms  {value / interval:6.3f}  {part}")
+    # the payload's choice is counted once in each backend's write and once on its own: the
+    # trackers share it, so count it once
+    shared = report["parts_ms_per_saved_step"].get("payload's choice (once per record, shared by the trackers)", 0.0)
+    writers = sum(1 for p in report["parts_ms_per_saved_step"] if "write (its own payload" in p)
+    total -= shared * writers
+    print(f"  {total:7.2f} ms  {total / interval:6.3f}  in all, over {interval:.0f} ms of baseline CPU per interval "
+          f"(estimated ratio {1 + total / interval:.3f})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=4)
@@ -236,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", default="wandb,mlflow,tensorboard",
                         help="the trackers tensorlens sends to (the user's loop always reports to all three): "
                              "one at a time shows what each costs")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="CPU time per saved step, part by part, instead of the wall-time comparison")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
@@ -245,6 +373,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--block must be a multiple of --save-interval (every block then has the same saved steps)")
     if args.tracker_stats and args.tracker_stats not in ("default", "all"):
         args.tracker_stats = [s.strip() for s in args.tracker_stats.split(",") if s.strip()]
+    if args.breakdown:
+        report = run_breakdown(args)
+        if args.json:
+            print(json.dumps(report, indent=2))
+        else:
+            print_breakdown(report)
+        return 0
     report = run_benchmark(args)
     if args.json:
         print(json.dumps(report, indent=2))

@@ -97,3 +97,30 @@ def test_the_backends_benchmark_writes_every_record(tmp_path, capsys):
         assert r.error is None, (r.backend, r.error)
         assert r.written == 2 + 3 + 3 and r.failed == 0 and r.dropped == 0, r  # warm-up, paced steps, burst
     json.loads(capsys.readouterr().out)
+
+
+def test_the_trackers_benchmark_breaks_a_saved_step_down(capsys):
+    """``benchmarks/trackers.py --breakdown`` in its quickest form (the run store only): every part
+    measured on real records of a GPT-2, CPU times that are numbers, the estimate built from them."""
+    pytest.importorskip("transformers")
+    spec = importlib.util.spec_from_file_location("tensorlens_benchmark_trackers", BENCHMARK.parent / "trackers.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        assert module.main(["--breakdown", "--local-only", "--layers", "1", "--width", "16", "--batch", "2", "--seq", "8",
+                            "--save-interval", "2", "--block", "2", "--rounds", "3", "--json"]) == 0
+    finally:
+        sys.modules.pop(spec.name, None)
+    report = json.loads(capsys.readouterr().out)
+    parts = report["parts_ms_per_saved_step"]
+    assert list(parts) == [
+        "training thread: statistics of a saved step", "training thread: the other steps of an interval, together",
+        "dispatcher thread: the record's assembly", "payload's choice (once per record, shared by the trackers)",
+        "local backend: write",
+    ]
+    assert all(isinstance(v, float) for v in parts.values())
+    assert parts["local backend: write"] > 0 and parts["payload's choice (once per record, shared by the trackers)"] > 0
+    # 2 warm-up intervals and 3 timed rounds of one interval, a record per saved step (the last
+    # step's record comes at close)
+    assert report["meta"]["records"] >= 3 and report["baseline_step_cpu_ms"] > 0
