@@ -40,7 +40,9 @@ Method (why it is built this way):
   saved and per other step against the baseline's (steps alternating one by one), the dispatcher
   thread's CPU per record (the record's assembly), then, on the records of that run and one thread
   at a time, the payload's choice and each backend's ``write`` per record (the first two records,
-  which carry one-off work such as W&B's chart tables, left out). On two cores and one GIL,
+  which carry one-off work such as W&B's chart tables, left out), and what the tracker library's
+  own threads spent on those records (W&B hands each ``run.log`` to a thread of its own, which
+  sends it to W&B's service process; that process is left out). On two cores and one GIL,
   Python run on tensorlens's threads lengthens the training thread's steps by about as much, so
   the sum over a save interval, divided by the baseline's CPU over that interval, estimates the
   ratio before any GIL waiting or other process.
@@ -112,6 +114,12 @@ def thread_cpu_seconds() -> dict[str, float]:
         name = names.get(thread.id, "other (trackers' own threads)")
         out[name] = out.get(name, 0.0) + thread.user_time + thread.system_time
     return {k: round(v, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
+
+
+def library_threads_cpu() -> float:
+    """CPU seconds so far of this process's threads that are neither the training thread nor
+    tensorlens's (a tracker library's own: W&B's asyncio thread)."""
+    return sum(v for k, v in thread_cpu_seconds().items() if k != "MainThread" and not k.startswith("tensorlens-"))
 
 
 class GcPauses:
@@ -310,7 +318,12 @@ def run_breakdown(args: argparse.Namespace) -> dict[str, Any]:
             os.makedirs(run.run_dir, exist_ok=True)
             backend.open(run)
             backend.write_metadata(memory.metadata or {})
+            before = library_threads_cpu()
             parts[f"{name} backend: write" + ("" if name == "local" else " (its own payload choice included)")] = per_record(backend.write)
+            time.sleep(0.5)  # what the library's own threads still do with these records
+            spent = library_threads_cpu() - before
+            if spent > 0.001 * len(records):  # W&B's: each run.log goes to its service process through a thread of its own
+                parts[f"{name} backend: the library's own threads"] = 1e3 * spent / len(records)
             backend.close()
     baseline_interval = args.save_interval * ms["baseline"]
     # each tracker's write includes its own payload choice, which the trackers of a run share: the
