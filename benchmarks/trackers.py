@@ -150,26 +150,44 @@ class GcPauses:
         return {name: f"{len(p)} taking {1e3 * sum(p):.0f} ms" for name, p in sorted(self.pauses.items())}
 
 
-def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+def setup(args: argparse.Namespace, prefix: str) -> tuple[str, torch.Tensor, dict[str, Any], dict[str, Any]]:
+    """``(folder, batch, models, optimizers)``: a temporary folder, one batch of tokens, and the two
+    identical models (``baseline``, ``tensorlens``) with their AdamW, as both modes train them."""
     torch.set_num_threads(args.threads)
-    folder = tempfile.mkdtemp(prefix="tl-bench-trackers-")
+    folder = tempfile.mkdtemp(prefix=prefix)
     batch = torch.randint(0, 1024, (args.batch, args.seq))
     models = {name: build_model(args.layers, args.width, seed=0) for name in ("baseline", "tensorlens")}
     optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-3) for name, m in models.items()}
+    return folder, batch, models, optimizers
+
+
+def watch(model: torch.nn.Module, args: argparse.Namespace, folder: str, backends: list[Any]) -> Any:
+    """The watch of issue 24's loop: activations and dynamics, saved every ``--save-interval`` steps."""
+    extra = {} if args.tracker_stats is None else {"tracker_stats": args.tracker_stats}
+    return tl.watch(model, activations=True, dynamics=True, save_interval=args.save_interval, backends=backends,
+                    out_dir=os.path.join(folder, "store"), **extra)
+
+
+def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: torch.Tensor) -> float:
+    """One optimizer step of the user's loop; the loss read on the host, as a loop that logs it does."""
+    loss = model(batch, labels=batch).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return float(loss)
+
+
+def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    folder, batch, models, optimizers = setup(args, "tl-bench-trackers-")
     times: dict[str, list[float]] = {name: [] for name in models}
     saved: list[bool] = []  # per timed tensorlens step: was it a saved step
     with trackers(folder) as (run, mlflow, writer), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from tensorlens.integrations.tensorboard import TensorBoardBackend
 
-        extra = {} if args.tracker_stats is None else {"tracker_stats": args.tracker_stats}
-        hook = tl.watch(
-            models["tensorlens"], activations=True, dynamics=True, save_interval=args.save_interval,
-            backends=["local"] if args.local_only else [
-                TensorBoardBackend(log_dir=os.path.join(folder, "tb")) if name == "tensorboard" else name
-                for name in args.backends],
-            out_dir=os.path.join(folder, "store"), **extra,
-        )
+        hook = watch(models["tensorlens"], args, folder, ["local"] if args.local_only else [
+            TensorBoardBackend(log_dir=os.path.join(folder, "tb")) if name == "tensorboard" else name
+            for name in args.backends])
         step = 0
         own_steps = {name: 0 for name in models}
         gc_pauses = GcPauses()
@@ -182,11 +200,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
                 own_steps[name] += 1
                 gc_pauses.inside = name if timed else None
                 start = time.perf_counter()
-                loss = model(batch, labels=batch).loss
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                value = float(loss)
+                value = train_step(model, opt, batch)
                 run.log({f"{name}/loss": value})
                 mlflow.log_metric(f"{name}_loss", value, step=step)
                 writer.add_scalar(f"{name}/loss", value, step)
@@ -250,32 +264,21 @@ def run_breakdown(args: argparse.Namespace) -> dict[str, Any]:
     from tensorlens.backends.memory import MemoryBackend
     from tensorlens.backends.payload import PayloadSelector
 
-    torch.set_num_threads(args.threads)
-    folder = tempfile.mkdtemp(prefix="tl-bench-breakdown-")
-    batch = torch.randint(0, 1024, (args.batch, args.seq))
-    models = {name: build_model(args.layers, args.width, seed=0) for name in ("baseline", "tensorlens")}
-    optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-3) for name, m in models.items()}
+    folder, batch, models, optimizers = setup(args, "tl-bench-breakdown-")
     memory = MemoryBackend()
     cpu: dict[str, list[float]] = {"baseline": [], "saved": [], "other": []}
     warm = 2 * args.save_interval
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        extra = {} if args.tracker_stats is None else {"tracker_stats": args.tracker_stats}
-        hook = tl.watch(models["tensorlens"], activations=True, dynamics=True, save_interval=args.save_interval,
-                        backends=[memory], out_dir=os.path.join(folder, "store"), **extra)
+        hook = watch(models["tensorlens"], args, folder, [memory])
         dispatch_before = 0.0
         steps = warm + args.rounds * args.block
         for i in range(steps):
             if i == warm:
                 dispatch_before = thread_cpu_seconds().get("tensorlens-dispatch", 0.0)
             for name in models:  # one step each, in turn: both see the same load
-                model, opt = models[name], optimizers[name]
                 start = time.thread_time()
-                loss = model(batch, labels=batch).loss
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                float(loss)
+                train_step(models[name], optimizers[name], batch)
                 spent = time.thread_time() - start
                 if i >= warm:
                     cpu["baseline" if name == "baseline" else ("saved" if i % args.save_interval == 0 else "other")].append(spent)
