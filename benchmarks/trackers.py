@@ -5,6 +5,7 @@ Run it from the repository root::
     python benchmarks/trackers.py                          # readable table
     python benchmarks/trackers.py --json > out.json
     python benchmarks/trackers.py --tracker-stats all      # the whole store to every tracker
+    python benchmarks/trackers.py --tracker-histogram-interval 1   # the parameters' histograms at every saved step
     python benchmarks/trackers.py --breakdown              # CPU per saved step, part by part
 
 Method (why it is built this way):
@@ -164,6 +165,8 @@ def setup(args: argparse.Namespace, prefix: str) -> tuple[str, torch.Tensor, dic
 def watch(model: torch.nn.Module, args: argparse.Namespace, folder: str, backends: list[Any]) -> Any:
     """The watch of issue 24's loop: activations and dynamics, saved every ``--save-interval`` steps."""
     extra = {} if args.tracker_stats is None else {"tracker_stats": args.tracker_stats}
+    if args.tracker_histogram_interval is not None:
+        extra["tracker_histogram_interval"] = args.tracker_histogram_interval
     return tl.watch(model, activations=True, dynamics=True, save_interval=args.save_interval, backends=backends,
                     out_dir=os.path.join(folder, "store"), **extra)
 
@@ -251,6 +254,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "layers": args.layers, "width": args.width, "batch": args.batch, "seq": args.seq,
             "save_interval": args.save_interval, "block": args.block, "rounds": args.rounds,
             "tracker_stats": args.tracker_stats or os.environ.get("TENSORLENS_TRACKER_STATS") or "default",
+            "tracker_histogram_interval": args.tracker_histogram_interval,
             "tensorlens_backends": "local" if args.local_only else ", ".join(["local", *args.backends]),
         },
         "result": result,
@@ -336,7 +340,8 @@ def run_breakdown(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "meta": {"layers": args.layers, "width": args.width, "batch": args.batch, "seq": args.seq,
                  "save_interval": args.save_interval, "threads": args.threads, "records": len(records),
-                 "tracker_stats": args.tracker_stats or os.environ.get("TENSORLENS_TRACKER_STATS") or "default"},
+                 "tracker_stats": args.tracker_stats or os.environ.get("TENSORLENS_TRACKER_STATS") or "default",
+                 "tracker_histogram_interval": args.tracker_histogram_interval},
         "baseline_step_cpu_ms": ms["baseline"],
         "saved_step_cpu_ms": ms["saved"],
         "other_step_cpu_ms": ms["other"],
@@ -350,7 +355,8 @@ def run_breakdown(args: argparse.Namespace) -> dict[str, Any]:
 def print_breakdown(report: dict[str, Any]) -> None:
     m = report["meta"]
     print(f"GPT-2 {m['layers']}x{m['width']}, activations and dynamics, saved every {m['save_interval']} steps, "
-          f"tracker_stats={m['tracker_stats']}: CPU time per saved step ({m['records']} records)")
+          f"tracker_stats={m['tracker_stats']}, tracker_histogram_interval={m['tracker_histogram_interval'] or 'default'}: "
+          f"CPU time per saved step ({m['records']} records)")
     print(f"  training thread per step: baseline {report['baseline_step_cpu_ms']:.1f} ms, tensorlens saved "
           f"{report['saved_step_cpu_ms']:.1f} ms, other {report['other_step_cpu_ms']:.1f} ms")
     interval = report["baseline_interval_cpu_ms"]
@@ -372,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4, help="blocks of each variant, alternating")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--tracker-stats", default=None, help='"default", "all" or names such as l2,histogram')
+    parser.add_argument("--tracker-histogram-interval", type=int, default=None,
+                        help="train steps between the records whose histograms go to the trackers (default: 100 "
+                             "with the default payload; 1: every saved step)")
     parser.add_argument("--local-only", action="store_true",
                         help="tensorlens with the run store only: what its statistics cost before any tracker")
     parser.add_argument("--backends", default="wandb,mlflow,tensorboard",
@@ -402,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     r = report["result"]
     print(f"GPT-2 {args.layers}x{args.width}, W&B offline + MLflow (SQLite) + TensorBoard, activations and dynamics, "
           f"saved every {args.save_interval} steps, tracker_stats={report['meta']['tracker_stats']}, "
+          f"tracker_histogram_interval={report['meta']['tracker_histogram_interval'] or 'default'}, "
           f"tensorlens backends: {report['meta']['tensorlens_backends']}")
     print(f"  baseline    mean {r['baseline_mean_ms']:8.1f} ms  median {r['baseline_median_ms']:8.1f} ms")
     print(f"  tensorlens  mean {r['tensorlens_mean_ms']:8.1f} ms  median {r['tensorlens_median_ms']:8.1f} ms")

@@ -58,6 +58,7 @@ class CallbackBase:
         max_pending_steps: int = 64,
         collective_timeout: float | None = None,
         tracker_stats: str | Sequence[str] | None = None,
+        tracker_histogram_interval: int | None = None,
         options: Options | None = None,
     ) -> None:
         super().__init__()
@@ -72,7 +73,7 @@ class CallbackBase:
             "out_dir": out_dir, "save_config": save_config, "include_regex": include_regex, "run_name": run_name,
             "resume": resume, "dynamics": dynamics, "epoch_statistics": epoch_statistics, "rules": rules,
             "max_pending_steps": max_pending_steps, "collective_timeout": collective_timeout,
-            "tracker_stats": tracker_stats,
+            "tracker_stats": tracker_stats, "tracker_histogram_interval": tracker_histogram_interval,
         })
         if opts.save_config is None:  # an Options left to the entry point: every 100th step
             opts = opts.replace(save_config=SaveConfig(save_interval=ENTRY_DEFAULTS[self._entry]["save_interval"]))

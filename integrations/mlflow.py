@@ -47,7 +47,7 @@ from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, RunInfo
 from tensorlens.backends.keys import PER_LAYER, PRIMARY_WORKERS, global_key, key_parts, split_key, tracker_key
 from tensorlens.backends.optional import import_optional, is_lightning_logger
-from tensorlens.backends.payload import LayerPanel, check_tracker_stats
+from tensorlens.backends.payload import LayerPanel, check_histogram_interval, check_tracker_stats
 from tensorlens.findings import Finding
 from tensorlens.integrations import _mlflow_metadata, _mlflow_replay
 from tensorlens.integrations._mlflow_artifacts import HistogramChunk, LayerImages
@@ -117,6 +117,8 @@ class MLflowBackend(Backend):
         tracker_stats: what is sent of each record (:mod:`tensorlens.backends.payload`):
             ``"default"``, ``"all"`` or statistic names; ``None`` takes the run's option, then
             ``$TENSORLENS_TRACKER_STATS``, then ``"default"``.
+        tracker_histogram_interval: train steps between the records whose histograms go (``None``:
+            the run's option, else 100 with the ``"default"`` payload, every saved step otherwise).
         metadata_params: ``"summary"``: the run's metadata as a few params (version, collections,
             save interval, statistics path, model class and size) and all of it in the artifact
             ``<prefix>/metadata.json``; ``"all"``: every entry a param (about 60, which MLflow
@@ -150,6 +152,7 @@ class MLflowBackend(Backend):
         histogram_every: int = 10,
         heatmaps: bool = True,
         tracker_stats: str | list[str] | tuple[str, ...] | None = None,
+        tracker_histogram_interval: int | None = None,
         metadata_params: str = "summary",
     ) -> None:
         if tracking_uri is not None and (not isinstance(tracking_uri, str) or not tracking_uri):
@@ -169,6 +172,7 @@ class MLflowBackend(Backend):
         if metadata_params not in METADATA_PARAMS:
             raise expected("metadata_params", '"summary" or "all"', metadata_params)
         self.tracker_stats = check_tracker_stats("tracker_stats", tracker_stats)
+        self.tracker_histogram_interval = check_histogram_interval("tracker_histogram_interval", tracker_histogram_interval)
         mlflow = _import_mlflow()
         if client is not None:
             if not isinstance(client, mlflow.MlflowClient):

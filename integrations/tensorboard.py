@@ -22,7 +22,14 @@ from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, ReplayRun, RunInfo
 from tensorlens.backends.keys import global_key, histogram_key, panel_key, section, tracker_key
 from tensorlens.backends.optional import import_optional, is_lightning_logger
-from tensorlens.backends.payload import ALL, DEFAULT, HISTOGRAM, LayerPanel, check_tracker_stats
+from tensorlens.backends.payload import (
+    ALL,
+    DEFAULT,
+    HISTOGRAM,
+    LayerPanel,
+    check_histogram_interval,
+    check_tracker_stats,
+)
 from tensorlens.engine.metadata import flatten
 from tensorlens.findings import Finding
 from tensorlens.integrations._tensorboard_records import fast_records
@@ -61,6 +68,8 @@ class TensorBoardBackend(Backend):
         tracker_stats: what this backend writes of each record: ``"default"``, ``"all"`` or
             statistic names (:mod:`tensorlens.backends.payload`); default ``None``: the run's
             ``tracker_stats`` option, else ``$TENSORLENS_TRACKER_STATS``, else ``"default"``.
+        tracker_histogram_interval: train steps between the records whose histograms go (``None``:
+            the run's option, else 100 with the ``"default"`` payload, every saved step otherwise).
 
     Tags follow :mod:`tensorlens.backends.keys`, so TensorBoard's groups (a tag's first path
     component) are one per collection with the run's global values first:
@@ -109,6 +118,7 @@ class TensorBoardBackend(Backend):
         writer: Any | None = None,
         prefix: str = "tensorlens",
         tracker_stats: str | Sequence[str] | None = None,
+        tracker_histogram_interval: int | None = None,
     ) -> None:
         if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
             raise expected("log_dir", "None or a path", log_dir)
@@ -120,6 +130,7 @@ class TensorBoardBackend(Backend):
         if not isinstance(prefix, str) or prefix.startswith("/") or prefix.endswith("/") or "//" in prefix:
             raise expected("prefix", "a string without leading, trailing or doubled '/'", prefix)
         self.tracker_stats = check_tracker_stats("tracker_stats", tracker_stats)
+        self.tracker_histogram_interval = check_histogram_interval("tracker_histogram_interval", tracker_histogram_interval)
         writer_class = _summary_writer_class()  # fail at construction, not on the background thread
         self._writer_class = writer_class
         self._log_dir = os.fspath(log_dir) if log_dir is not None else None

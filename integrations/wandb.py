@@ -59,7 +59,7 @@ from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, RunInfo
 from tensorlens.backends.keys import global_key, histogram_key, panel_key, tracker_key
 from tensorlens.backends.optional import import_optional, is_lightning_logger
-from tensorlens.backends.payload import LayerPanel, check_tracker_stats, layer_panel
+from tensorlens.backends.payload import LayerPanel, check_histogram_interval, check_tracker_stats, layer_panel
 from tensorlens.findings import Finding
 from tensorlens.integrations import _wandb_replay
 from tensorlens.integrations._wandb_charts import (  # noqa: F401 - the public names of the W&B charts
@@ -121,6 +121,8 @@ class WandbBackend(Backend):
         tracker_stats: what this backend sends of each record: ``"default"``, ``"all"`` or
             statistic names (:mod:`tensorlens.backends.payload`); default ``None``: the run's
             ``tracker_stats`` option, else ``$TENSORLENS_TRACKER_STATS``, else ``"default"``.
+        tracker_histogram_interval: train steps between the records whose histograms go (``None``:
+            the run's option, else 100 with the ``"default"`` payload, every saved step otherwise).
         profile: the per-layer charts: ``"panels"`` (default: the payload's panels, one per
             collection and statistic), ``(collection, stat)`` or a list of them, or ``None``.
         layer_heatmaps: also chart each per-layer table as a heatmap over steps (needs the
@@ -156,6 +158,7 @@ class WandbBackend(Backend):
         table_every: int = 10,
         table_interval: float = TABLE_INTERVAL_S,
         tracker_stats: str | Sequence[str] | None = None,
+        tracker_histogram_interval: int | None = None,
         profile: str | tuple[str, str] | Sequence[tuple[str, str]] | None = DEFAULT_PROFILES,
         layer_heatmaps: bool = False,
         heatmap_tensors: str | Sequence[str] | None = None,
@@ -177,6 +180,7 @@ class WandbBackend(Backend):
         if isinstance(table_interval, bool) or not isinstance(table_interval, (int, float)) or not 0 <= table_interval < math.inf:
             raise expected("table_interval", "a number of seconds >= 0", table_interval)
         self.tracker_stats = check_tracker_stats("tracker_stats", tracker_stats)
+        self.tracker_histogram_interval = check_histogram_interval("tracker_histogram_interval", tracker_histogram_interval)
         profiles = _profiles(profile)
         if not isinstance(layer_heatmaps, bool):
             raise expected("layer_heatmaps", "a bool", layer_heatmaps)

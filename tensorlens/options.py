@@ -53,7 +53,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from tensorlens._checks import expected, names_list
-from tensorlens.backends.payload import check_tracker_stats
+from tensorlens.backends.payload import check_histogram_interval, check_tracker_stats
 from tensorlens.collection import DEFAULT_KINDS
 from tensorlens.config import DynamicsConfig, HistogramConfig, ReductionConfig, SaveConfig
 from tensorlens.dispatch.epochs import check_epoch_statistics
@@ -192,6 +192,7 @@ CHECKS: dict[str, Any] = {
     "record_clipped_gradients": _check_bool,
     "rules": _check_rules,
     "tracker_stats": check_tracker_stats,
+    "tracker_histogram_interval": check_histogram_interval,
 }
 
 
@@ -222,6 +223,9 @@ class Options:
     #: what each tracker receives: "default", "all" or statistic names (tensorlens.backends.payload);
     #: None: $TENSORLENS_TRACKER_STATS, else "default". The local store keeps everything either way.
     tracker_stats: str | Sequence[str] | None = None
+    #: train steps between the records whose histograms go to the trackers; None: 100 with the
+    #: "default" payload, every saved step with "all" or a list. The store keeps every saved step's.
+    tracker_histogram_interval: int | None = None
 
     def __post_init__(self) -> None:
         for field in ("include_collections", "include_regex", "epoch_statistics", "rules", "tracker_stats"):

@@ -50,6 +50,7 @@ def watch(
     collective_timeout: float | None = None,
     scales_plot_interval: int | None = 10,
     tracker_stats: str | Sequence[str] | None = None,
+    tracker_histogram_interval: int | None = None,
     options: Options | None = None,
 ) -> Hook:
     """Watch ``models`` with sensible defaults and return the :class:`Hook`.
@@ -66,7 +67,8 @@ def watch(
     ratios, gradient and update cosines, global norms, dead and saturated units, per-sample norms
     (``docs/dynamics.md``). ``epoch_statistics`` chooses what ``hook.end_epoch()`` aggregates.
     ``save_config``, ``include_regex``, ``max_pending_steps``, ``collective_timeout`` and
-    ``scales_plot_interval`` are :class:`Hook`'s; ``options`` (a :class:`tl.Options`) gives them all
+    ``scales_plot_interval`` are :class:`Hook`'s, as are ``tracker_stats`` and
+    ``tracker_histogram_interval`` (what each tracker receives: :mod:`tensorlens.backends.payload`); ``options`` (a :class:`tl.Options`) gives them all
     at once (see :mod:`tensorlens.options`).
 
     >>> hook = watch(model)            # doctest: +SKIP
@@ -94,7 +96,7 @@ def watch(
         "dynamics": dynamics, "epoch_statistics": epoch_statistics, "scales": scales, "rules": rules,
         "include_regex": include_regex, "max_pending_steps": max_pending_steps,
         "collective_timeout": collective_timeout, "scales_plot_interval": scales_plot_interval,
-        "tracker_stats": tracker_stats,
+        "tracker_stats": tracker_stats, "tracker_histogram_interval": tracker_histogram_interval,
     })
     if opts.save_config is None:  # an Options left to the entry point: watch saves every 100th step
         opts = opts.replace(save_config=SaveConfig(save_interval=ENTRY_DEFAULTS["watch"]["save_interval"]))

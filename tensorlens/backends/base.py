@@ -49,6 +49,8 @@ class RunInfo:
     modules: Callable[[], list[dict[str, Any]]] | None = None
     #: the run's ``tracker_stats`` option (:mod:`tensorlens.backends.payload`); ``None``: not given
     tracker_stats: str | Sequence[str] | None = None
+    #: the run's ``tracker_histogram_interval`` option; ``None``: the payload's default
+    tracker_histogram_interval: int | None = None
 
 
 @dataclasses.dataclass
@@ -185,13 +187,20 @@ class Backend:
     #: the run's ``tracker_stats`` option, then ``$TENSORLENS_TRACKER_STATS``, then ``"default"``.
     #: A tracker backend takes it as a keyword (``WandbBackend(tracker_stats="all")``).
     tracker_stats: str | Sequence[str] | None = None
+    #: Train steps between the records whose histograms this backend sends: ``None`` takes the
+    #: run's ``tracker_histogram_interval``, else 100 for the ``"default"`` payload and every saved
+    #: step for the others (:data:`tensorlens.backends.payload.DEFAULT_HISTOGRAM_INTERVAL`).
+    tracker_histogram_interval: int | None = None
 
     def open_payload(self, run: RunInfo | None = None) -> PayloadSelector:
         """Choose this backend's payload for ``run`` (call it from :meth:`open`); returns the
         selector :meth:`payload` uses, shared by the backends of ``run`` that send the same
-        ``tracker_stats`` (each record's payload is chosen once for all of them)."""
+        ``tracker_stats`` and histogram interval (each record's payload is chosen once for all of them)."""
         tracker_stats = resolve_tracker_stats(self.tracker_stats, run.tracker_stats if run else None)
-        selector = PayloadSelector(tracker_stats) if run is None else shared_selector(tracker_stats, run)
+        interval = self.tracker_histogram_interval
+        if interval is None and run is not None:
+            interval = run.tracker_histogram_interval
+        selector = PayloadSelector(tracker_stats, interval) if run is None else shared_selector(tracker_stats, run, interval)
         self._payload_selector = selector
         return selector
 

@@ -7,7 +7,9 @@ thousands of keys:
 - ``"default"``, for comparing runs:
 
   - a histogram of every parameter tensor (``weights``, ``biases``, ``gradients``: what
-    ``wandb.watch`` users expect); activations are seen through their panels (a histogram per
+    ``wandb.watch`` users expect), like ``wandb.watch`` not at every step: at the first saved
+    step of every :data:`DEFAULT_HISTOGRAM_INTERVAL` train steps (``tracker_histogram_interval``;
+    ``1``: every saved step, as ``"all"`` and lists send them); activations are seen through their panels (a histogram per
     module output is one of ``"all"``'s, or of a list naming ``"histogram"``);
   - one **panel per collection and statistic holding every layer** (:class:`LayerPanel`): the
     ``l2`` of each collection (``std`` for one without ``l2``; for ``activation_gradients`` and
@@ -65,6 +67,7 @@ import numpy as np
 
 from tensorlens._checks import expected
 from tensorlens.backends.keys import GLOBAL_TENSOR
+from tensorlens.modes import ModeKeys
 from tensorlens.records import HistogramEntry, StepRecord
 
 #: The environment variable that sets ``tracker_stats`` without code changes.
@@ -83,6 +86,14 @@ ALWAYS_COLLECTIONS = ("losses", "summaries", "scalars")
 #: Module outputs are left to their panels: a histogram each would cost every tracker a third more
 #: bytes per step (TensorBoard checksums each byte in Python) for what the panels already show.
 HISTOGRAM_COLLECTIONS = ("weights", "biases", "gradients")
+#: Train steps between two records whose histograms go to the trackers, with the ``"default"``
+#: payload (``tracker_histogram_interval``; ``"all"`` and lists send them at every saved step):
+#: ``wandb.watch`` logs its histograms every 1000 steps, Lightning's ``WandbLogger.watch`` every
+#: 100, and a tracker shows a few hundred per chart. They are most of what a record costs a tracker
+#: (W&B's service process, TensorBoard's protobufs, MLflow's JSON); the store keeps every saved step's.
+DEFAULT_HISTOGRAM_INTERVAL = 100
+#: Modes whose records are optimizer steps: the interval counts their ``step``.
+_STEP_MODES = (ModeKeys.TRAIN, ModeKeys.GLOBAL)
 #: ``(collection or None for every collection, statistic)`` of the default panels; a collection
 #: without any ``l2`` gets a panel of its ``std`` instead, one with only per-sample parts
 #: (``activation_gradients/fc1/sample_norm``) one of their mean (:data:`SAMPLE_NORM_MEAN`).
@@ -112,6 +123,29 @@ def check_tracker_stats(name: str, value: Any) -> TrackerStats | None:
     if not names or not all(isinstance(n, str) and n and "/" not in n for n in names):
         raise expected(name, what, value)
     return names
+
+
+def check_histogram_interval(name: str, value: Any) -> int | None:
+    """``value`` as a histogram interval in train steps (``None``: not chosen here), or the usual error."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise expected(name, "None or an integer >= 1 (train steps between the records whose histograms go to the trackers)", value)
+    return value
+
+
+def resolve_histogram_interval(tracker_stats: TrackerStats, interval: Any = None) -> int:
+    """The train steps between records whose histograms a tracker gets: ``interval`` where given,
+    else :data:`DEFAULT_HISTOGRAM_INTERVAL` for the ``"default"`` payload and 1 (every saved step)
+    for ``"all"`` (the store's) and lists (naming ``"histogram"`` asks for them).
+
+    >>> resolve_histogram_interval("default"), resolve_histogram_interval("all"), resolve_histogram_interval("default", 1)
+    (100, 1, 1)
+    """
+    checked = check_histogram_interval("tracker_histogram_interval", interval)
+    if checked is not None:
+        return checked
+    return DEFAULT_HISTOGRAM_INTERVAL if tracker_stats == DEFAULT else 1
 
 
 def environment_tracker_stats() -> TrackerStats | None:
@@ -217,8 +251,11 @@ class PayloadSelector:
     >>> payload = selector.select(record)        # doctest: +SKIP
     """
 
-    def __init__(self, tracker_stats: Any = DEFAULT) -> None:
+    def __init__(self, tracker_stats: Any = DEFAULT, histogram_interval: int | None = None) -> None:
         self.tracker_stats: TrackerStats = check_tracker_stats("tracker_stats", tracker_stats) or DEFAULT
+        self.histogram_interval = resolve_histogram_interval(self.tracker_stats, histogram_interval)
+        # (mode, worker) -> histogram_interval window (step // interval) of the last record that sent histograms
+        self._histogram_windows: dict[tuple[ModeKeys, Any], int] = {}
         self._all = self.tracker_stats == ALL
         self._default = self.tracker_stats == DEFAULT
         listed = () if isinstance(self.tracker_stats, str) else self.tracker_stats
@@ -319,33 +356,53 @@ class PayloadSelector:
             histograms = record.histograms
         else:
             histograms = tuple(record.histogram(t) for t in layout.histograms)  # type: ignore[misc]
+        if histograms and not self._histograms_due(record):
+            # between two due steps only the collections that always go keep theirs
+            histograms = tuple(h for h in histograms if h.tensor.partition("/")[0] in ALWAYS_COLLECTIONS)
         panels = tuple(
             LayerPanel(collection, stat, layers, values[positions]) for collection, stat, layers, positions in layout.panels
         )
         return Payload(tuple(scalars), globals_, histograms, panels)  # type: ignore[arg-type]
 
 
+    def _histograms_due(self, record: StepRecord) -> bool:
+        """Whether ``record`` sends its histograms: the first record of its mode and worker in each
+        window of :attr:`histogram_interval` steps (steps 0, 100, 200 saved every 5; 0, 105, 203
+        saved every 7). Records come in step order, so this depends on the steps alone (a sync
+        sends the same ones); records of an eval or predict step always send theirs."""
+        if self.histogram_interval <= 1 or record.mode not in _STEP_MODES:
+            return True
+        window = int(record.step) // self.histogram_interval
+        key = (record.mode, record.worker)
+        last = self._histogram_windows.get(key)
+        if last is not None and window <= last:
+            return False
+        self._histogram_windows[key] = window
+        return True
+
+
 # (id of the run, choice) -> the selector its backends share; a selector holds its run, so the id
 # is not reused while the entry lives, and the entry goes with the last backend holding it
-_SHARED: weakref.WeakValueDictionary[tuple[int, TrackerStats], _SharedSelector] = weakref.WeakValueDictionary()
+_SHARED: weakref.WeakValueDictionary[tuple[int, TrackerStats, int], _SharedSelector] = weakref.WeakValueDictionary()
 _SHARED_LOCK = threading.Lock()
 
 
 class _SharedSelector(PayloadSelector):
-    def __init__(self, tracker_stats: TrackerStats, run: object) -> None:
-        super().__init__(tracker_stats)
+    def __init__(self, tracker_stats: TrackerStats, run: object, histogram_interval: int | None = None) -> None:
+        super().__init__(tracker_stats, histogram_interval)
         self.run = run
 
 
-def shared_selector(tracker_stats: TrackerStats, run: object) -> PayloadSelector:
+def shared_selector(tracker_stats: TrackerStats, run: object, histogram_interval: int | None = None) -> PayloadSelector:
     """The selector of ``run`` (the dispatcher opens every backend with the same
-    :class:`~tensorlens.backends.base.RunInfo` object) for ``tracker_stats``: three trackers of one
-    run choose each record's payload once instead of three times."""
-    key = (id(run), tracker_stats)
+    :class:`~tensorlens.backends.base.RunInfo` object) for ``tracker_stats`` and
+    ``histogram_interval``: three trackers of one run choose each record's payload once instead of
+    three times."""
+    key = (id(run), tracker_stats, resolve_histogram_interval(tracker_stats, histogram_interval))
     with _SHARED_LOCK:
         selector = _SHARED.get(key)
         if selector is None or selector.run is not run:
-            selector = _SHARED[key] = _SharedSelector(tracker_stats, run)
+            selector = _SHARED[key] = _SharedSelector(tracker_stats, run, key[2])
             selector.users = 0
         selector.users += 1
         return selector

@@ -80,6 +80,8 @@ class Hook(Recorder):
         tracker_stats: what each tracker receives of a record: ``"default"`` (histograms of the
             parameters, one panel per collection and statistic, the global values), ``"all"``, or
             statistic names (``["l2", "histogram"]``); see :mod:`tensorlens.backends.payload`.
+        tracker_histogram_interval: train steps between the records whose histograms go to the
+            trackers (``None``: 100 with the ``"default"`` payload, every saved step otherwise).
         rules: :mod:`tensorlens.rules` checked on every saved step in the background; their
             actions are taken at the next optimizer step (``hook.should_stop``, ``hook.findings()``).
         options: a :class:`tensorlens.Options` holding all of the above instead (then leave them

@@ -95,11 +95,15 @@ def _options(ctx: click.Context, param: click.Parameter, value: Sequence[str]) -
 @click.option("--tracker-stats", default=None, metavar="CHOICE",
               help="what the tracker receives: default, all, or statistic names like l2,histogram "
                    "(default: $TENSORLENS_TRACKER_STATS, else default)")
+@click.option("--tracker-histogram-interval", type=click.IntRange(min=1), default=None, metavar="STEPS",
+              help="train steps between the records whose histograms are sent "
+                   "(default: 100 with the default payload, every record otherwise)")
 @click.option("--new-run", is_flag=True, help="forget an earlier sync to this destination and start a new tracker run")
 @click.option("--progress/--no-progress", default=True, help="a progress bar on a terminal")
 def command(run: str, to: str, project: str | None, entity: str | None, offline: bool | None, wandb_dir: str | None,
             tracking_uri: str | None, experiment: str | None, artifact_location: str | None, logdir: str | None,
-            options: dict[str, str], tracker_stats: str | None, new_run: bool, progress: bool) -> None:
+            options: dict[str, str], tracker_stats: str | None, tracker_histogram_interval: int | None, new_run: bool,
+            progress: bool) -> None:
     """Replay the stored run RUN into a tracker (W&B, MLflow, TensorBoard or a backend of your
     own); again later, only new steps."""
     flags = {
@@ -115,7 +119,7 @@ def command(run: str, to: str, project: str | None, entity: str | None, offline:
     # midway, another sync running) is not one of the group's user errors, so it is made one here
     try:
         result = sync_run(run, to, options={**given, **options}, new_run=new_run, progress=progress,
-                          tracker_stats=_tracker_stats(tracker_stats))
+                          tracker_stats=_tracker_stats(tracker_stats), tracker_histogram_interval=tracker_histogram_interval)
     except SyncError as err:
         if os.environ.get("TENSORLENS_DEBUG", "") not in ("", "0"):
             raise

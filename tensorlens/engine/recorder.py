@@ -110,6 +110,7 @@ class Recorder:
         rules: Sequence[Rule] | None = None,
         collective_timeout: float | None = None,
         tracker_stats: str | Sequence[str] | None = None,
+        tracker_histogram_interval: int | None = None,
         options: Options | None = None,
     ) -> None:
         opts = from_keywords(self._entry, options, {
@@ -119,6 +120,7 @@ class Recorder:
             "include_workers": include_workers, "max_pending_steps": max_pending_steps, "resume": resume,
             "dynamics_config": dynamics_config, "epoch_statistics": epoch_statistics, "rules": rules,
             "collective_timeout": collective_timeout, "tracker_stats": tracker_stats,
+            "tracker_histogram_interval": tracker_histogram_interval,
         })
         #: The options this recorder was made with (checked: :class:`tensorlens.Options`).
         self.options = opts
@@ -144,6 +146,7 @@ class Recorder:
         run = RunInfo(
             self.run_name, self.run_dir, self.rank, self.world_size, {"include_workers": include_workers},
             metadata=metadata_of(self), modules=self._describe_modules, tracker_stats=opts.tracker_stats,
+            tracker_histogram_interval=opts.tracker_histogram_interval,
         )
         self._output = StepOutput(
             self._backends, run, opts.max_pending_steps, check_epoch_statistics(opts.epoch_statistics), reducer, self.rank, self.world_size,

@@ -36,7 +36,7 @@ from typing import Any
 
 from tensorlens._checks import expected
 from tensorlens.backends.base import Backend, RunInfo
-from tensorlens.backends.payload import check_tracker_stats
+from tensorlens.backends.payload import check_histogram_interval, check_tracker_stats
 from tensorlens.findings import Finding
 from tensorlens.store.errors import CorruptRunError
 from tensorlens.store.reader import Run, open_run
@@ -77,6 +77,7 @@ def sync_run(
     progress: bool = True,
     checkpoint_every: int = 100,
     tracker_stats: str | Sequence[str] | None = None,
+    tracker_histogram_interval: int | None = None,
     **backend_options: Any,
 ) -> SyncResult:
     """Replay the stored run at ``run`` into a tracker; continue where an earlier sync stopped.
@@ -103,6 +104,8 @@ def sync_run(
             ``None``: ``$TENSORLENS_TRACKER_STATS``, else ``"default"``. It applies to the records
             sent from now on: a tracker run synced before keeps what it holds (``new_run=True``
             sends everything again with the new choice).
+        tracker_histogram_interval: train steps between the records whose histograms are sent, as
+            in a live run (``None``: 100 with the ``"default"`` payload, every record otherwise).
 
     >>> result = sync_run("tensorlens_runs/exp1", "mlflow", tracking_uri="sqlite:///mlflow.db")  # doctest: +SKIP
     >>> result.records_sent, result.run_id                                                        # doctest: +SKIP
@@ -120,6 +123,7 @@ def sync_run(
     if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
         raise expected("checkpoint_every", "an integer >= 1", checkpoint_every)
     tracker_stats = check_tracker_stats("tracker_stats", tracker_stats)
+    histogram_interval = check_histogram_interval("tracker_histogram_interval", tracker_histogram_interval)
     if not isinstance(run, (str, os.PathLike)):
         raise expected("run", "a run folder", run)
     path = os.fspath(run)
@@ -141,7 +145,8 @@ def sync_run(
             SyncLock(location.folder, f"{location.name}\0{target.key}", what), _environment(target.environment()),
             stop_on_signals() as termination, SyncState(location.path, location.seeds) as state,
         ):
-            return _Replay(stored, state, target, path, checkpoint_every, progress, termination, tracker_stats).run(new_run)
+            return _Replay(stored, state, target, path, checkpoint_every, progress, termination, tracker_stats,
+                           histogram_interval).run(new_run)
 
 
 @contextlib.contextmanager
@@ -162,6 +167,7 @@ class _Replay:
     def __init__(
         self, stored: Run, state: SyncState, target: SyncTarget, path: str, checkpoint_every: int, progress: bool,
         termination: Termination, tracker_stats: str | Sequence[str] | None = None,
+        histogram_interval: int | None = None,
     ) -> None:
         self.stored = stored
         self.state = state
@@ -171,6 +177,7 @@ class _Replay:
         self.show_progress = progress
         self.termination = termination
         self.tracker_stats = tracker_stats
+        self.histogram_interval = histogram_interval
 
     def run(self, new_run: bool) -> SyncResult:
         key = self.target.key
@@ -200,7 +207,7 @@ class _Replay:
         metadata = self.stored.metadata() if known is None or self.target.metadata_every_session else {}
         info = RunInfo(
             run_name, os.path.abspath(self.path), config=_config(self.stored), metadata=metadata,
-            tracker_stats=self.tracker_stats,
+            tracker_stats=self.tracker_stats, tracker_histogram_interval=self.histogram_interval,
         )
         session = _Session(backend, self.state, target_state, self.state.progress(key))
         try:

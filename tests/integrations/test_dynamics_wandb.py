@@ -56,7 +56,8 @@ def test_update_ratio_profile_and_epochs_in_wandb(tmp_path: Any) -> None:
         # per-tensor dynamics are in the store and in the per-layer panels, not series of their own
         assert not any(k.startswith("tensorlens-dynamics/0.weight/") for k in row)
         assert stored.tensor("dynamics/0.weight").reduction_value(step, "update_ratio") is not None
-        assert "tensorlens-gradients/0.weight/histogram" in row  # a parameter's histogram
+        # a parameter's histogram: at the first saved step of every 100 train steps (tracker_histogram_interval)
+        assert ("tensorlens-gradients/0.weight/histogram" in row) == (step == 0)
         assert "tensorlens-activations/1/unit_active_rate/histogram" not in row  # its per-sample part: stored only
 
     # the update ratio by layer depth: one line per saved step, every parameter a point

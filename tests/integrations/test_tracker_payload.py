@@ -227,6 +227,25 @@ def test_panels_hold_every_layer_as_stored(tmp_path: Any) -> None:
     assert all(f"| {i} | {name} |" in layers for i, name in enumerate(names))
 
 
+@pytest.mark.parametrize("interval", [None, 4])
+def test_parameter_histograms_go_once_per_interval_and_the_store_keeps_every_step(tmp_path: Any, interval: int | None) -> None:
+    """The default payload sends the parameters' histograms at the first saved step of every 100
+    train steps (``tracker_histogram_interval``), the per-layer panels and global values at every
+    saved step; the store keeps every step's histograms."""
+    extra = {} if interval is None else {"tracker_histogram_interval": interval}
+    run_file, events, run_dir = train_and_read(tmp_path, small_gpt2(), steps=10, **extra)
+    first = next(iter(dict(small_gpt2().named_parameters())))
+    hist = histogram_key("tensorlens", "train", None, f"gradients/{first}")
+    expected = [0] if interval is None else [0, 4, 8]
+    assert sorted(run_file.series(hist, "tensorlens/step")) == expected
+    assert [e.step for e in events.Histograms(hist)] == expected
+    panel = panel_key("tensorlens", "train", None, "gradients", "l2")
+    assert [e.step for e in events.Histograms(panel)] == list(range(10))  # every saved step
+    assert sorted(run_file.series("tensorlens/nonfinite_count", "tensorlens/step")) == list(range(10))
+    with tl.open_run(run_dir) as stored:
+        assert [s for s in stored.steps("train") if stored.tensor(f"gradients/{first}").histogram(s) is not None] == list(range(10))
+
+
 def test_the_environment_chooses_and_an_explicit_choice_wins(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(TRACKER_STATS_ENV, "l2")
     run_file, events, _ = train_and_read(
@@ -300,3 +319,43 @@ def test_a_sync_sends_the_payload_chosen_for_it(tmp_path: Any) -> None:
         assert len(l2) == (0 if option is None else 2 * len(list(model.parameters())))  # weights|biases and gradients
     with pytest.raises(ValueError, match="Expected `tracker_stats`"):
         sync_run(hook.run_dir, "tensorboard", logdir=str(tmp_path / "bad"), progress=False, tracker_stats="l2/x")
+
+
+def test_a_sync_sends_the_histograms_a_live_run_would(tmp_path: Any) -> None:
+    """``sync_run(..., tracker_histogram_interval=)`` and ``tensorlens sync --tracker-histogram-interval``
+    send the parameter histograms at the same steps as a live run would; a bad value is a usage error."""
+    try:
+        from .test_sync_safety import cli
+    except ImportError:
+        from test_sync_safety import cli
+    from tensorlens.sync import sync_run
+
+    model = small_gpt2()
+    hook = tl.watch(model, save_interval=1, out_dir=tmp_path / "run", backends=["local"])
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    for _ in range(5):
+        ids = torch.randint(0, model.config.vocab_size, (2, 6))
+        model(ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    hook.close()
+    first = next(iter(dict(model.named_parameters())))
+    hist = histogram_key("tensorlens", "train", None, f"gradients/{first}")
+
+    def steps_in(logdir: Any, run_id: str) -> list[int]:
+        events = EventAccumulator(os.path.join(logdir, run_id), size_guidance={HISTOGRAMS: 0})
+        events.Reload()
+        return [e.step for e in events.Histograms(hist)]
+
+    result = sync_run(hook.run_dir, "tensorboard", logdir=str(tmp_path / "default"), progress=False)
+    assert steps_in(tmp_path / "default", result.run_id) == [0]
+    result = sync_run(hook.run_dir, "tensorboard", logdir=str(tmp_path / "two"), progress=False, tracker_histogram_interval=2)
+    assert steps_in(tmp_path / "two", result.run_id) == [0, 2, 4]
+    done = cli("sync", hook.run_dir, "--to", "tensorboard", "--logdir", str(tmp_path / "cli"),
+               "--tracker-histogram-interval", "1", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    (run_id,) = os.listdir(tmp_path / "cli")
+    assert steps_in(tmp_path / "cli", run_id) == [0, 1, 2, 3, 4]
+    bad = cli("sync", hook.run_dir, "--to", "tensorboard", "--logdir", str(tmp_path / "bad"),
+              "--tracker-histogram-interval", "0", "--no-progress")
+    assert bad.returncode == 2 and "--tracker-histogram-interval" in bad.stderr  # click's usage error

@@ -11,6 +11,7 @@ import pytest
 from tensorlens.backends.base import Backend, RunInfo
 from tensorlens.backends.keys import global_key, panel_key, section, split_key, tracker_key
 from tensorlens.backends.payload import (
+    DEFAULT_HISTOGRAM_INTERVAL,
     NONFINITE_COUNT,
     TRACKER_STATS_ENV,
     PayloadSelector,
@@ -133,3 +134,80 @@ def test_the_choice_comes_from_the_backend_the_run_the_environment(monkeypatch: 
     backend.tracker_stats = "default"
     backend.open_payload(RunInfo("r", "/tmp/r", tracker_stats=["l2"]))
     assert not any(k.endswith("/l2") for k, _ in backend.payload(record(0)).scalars)
+
+
+# ---------------------------------------------------------------------------------------- histogram interval
+
+
+def with_loss_histogram(step: int, mode: str = "train", worker: str = "worker_0") -> StepRecord:
+    """:func:`record` plus a histogram of the ``losses`` collection, which always goes."""
+    base = record(step)
+    loss = HistogramEntry("losses/per_sample", np.array([2]), np.array([0.0, 1.0]), 0.0, 1.0, 2, 1.0, 0.5)
+    return StepRecord(step, mode, step, worker, 0.0, scalars=list(base.scalars), histograms=[*base.histograms, loss])
+
+
+def histogram_steps(selector: PayloadSelector, steps: range, **kwargs: str) -> dict[int, list[str]]:
+    """Per step, the tensors whose histograms the selector sends."""
+    return {s: [h.tensor for h in selector.select(with_loss_histogram(s, **kwargs)).histograms] for s in steps}
+
+
+PARAMETER_HISTOGRAMS = [f"{c}/{layer}" for c in ("weights", "gradients") for layer in LAYERS]
+
+
+def test_default_sends_the_parameter_histograms_once_per_100_steps() -> None:
+    selector = PayloadSelector("default")
+    assert selector.histogram_interval == DEFAULT_HISTOGRAM_INTERVAL == 100
+    sent = histogram_steps(selector, range(0, 305, 5))
+    assert [s for s, tensors in sent.items() if "weights/fc1.weight" in tensors] == [0, 100, 200, 300]
+    assert sent[100] == [*PARAMETER_HISTOGRAMS, "losses/per_sample"]
+    assert all(tensors == ["losses/per_sample"] for s, tensors in sent.items() if s % 100)  # the losses' always go
+    # saved every 7 steps: the first saved step of each 100 steps
+    sent = histogram_steps(PayloadSelector("default"), range(0, 305, 7))
+    assert [s for s, tensors in sent.items() if len(tensors) > 1] == [0, 105, 203, 301]
+    # the scalars and panels go at every step
+    selector = PayloadSelector("default")
+    for step in (0, 5):
+        payload = selector.select(record(step))
+        assert dict(payload.scalars)["dynamics/global/grad_norm"] == 2.0 and len(payload.panels) == 5
+
+
+def test_the_interval_counts_each_worker_and_leaves_eval_steps_whole() -> None:
+    selector = PayloadSelector("default")
+    for worker in ("worker_0", "worker_1"):  # each worker's first record sends its histograms
+        assert len(histogram_steps(selector, range(0, 1), worker=worker)[0]) == 7
+    assert all(len(t) == 7 for t in histogram_steps(selector, range(1, 4), mode="eval").values())
+
+
+def test_all_and_lists_send_every_histogram_unless_given_an_interval() -> None:
+    for choice in ("all", ("l2", "histogram")):
+        selector = PayloadSelector(choice)
+        assert selector.histogram_interval == 1
+        assert all("weights/fc1.weight" in t for t in histogram_steps(selector, range(0, 20, 5)).values())
+    sent = histogram_steps(PayloadSelector("all", 10), range(0, 40, 5))
+    assert [s for s, tensors in sent.items() if "weights/fc1.weight" in tensors] == [0, 10, 20, 30]
+    sent = histogram_steps(PayloadSelector("default", 1), range(0, 20, 5))
+    assert all(t == [*PARAMETER_HISTOGRAMS, "losses/per_sample"] for t in sent.values())
+
+
+def test_the_interval_comes_from_the_backend_then_the_run() -> None:
+    class Mine(Backend):
+        def write(self, record: StepRecord) -> None:
+            pass
+
+    backend = Mine()
+    assert backend.open_payload(RunInfo("r", "/tmp/r")).histogram_interval == 100
+    assert backend.open_payload(RunInfo("r", "/tmp/r", tracker_stats="all")).histogram_interval == 1
+    assert backend.open_payload(RunInfo("r", "/tmp/r", tracker_histogram_interval=20)).histogram_interval == 20
+    backend.tracker_histogram_interval = 3
+    assert backend.open_payload(RunInfo("r", "/tmp/r", tracker_histogram_interval=20)).histogram_interval == 3
+
+
+@pytest.mark.parametrize("bad", [0, -5, 2.5, True, "100"])
+def test_a_bad_interval_fails_at_construction(bad: object) -> None:
+    import tensorlens as tl
+    from tensorlens.integrations.tensorboard import TensorBoardBackend
+
+    for make in (lambda: tl.Options(tracker_histogram_interval=bad), lambda: PayloadSelector("default", bad),  # type: ignore[arg-type]
+                 lambda: TensorBoardBackend(tracker_histogram_interval=bad)):  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="Expected `tracker_histogram_interval` to be"):
+            make()
