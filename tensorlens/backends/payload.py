@@ -368,8 +368,9 @@ class PayloadSelector:
     def _histograms_due(self, record: StepRecord) -> bool:
         """Whether ``record`` sends its histograms: the first record of its mode and worker in each
         window of :attr:`histogram_interval` steps (steps 0, 100, 200 saved every 5; 0, 105, 203
-        saved every 7). Records come in step order, so this depends on the steps alone (a sync
-        sends the same ones); records of an eval or predict step always send theirs."""
+        saved every 7). Records come in step order, so this depends on the steps alone: a sync
+        sends the same ones (one that continues an earlier sync counts from its first record,
+        which sends its histograms). Records of an eval or predict step always send theirs."""
         if self.histogram_interval <= 1 or record.mode not in _STEP_MODES:
             return True
         window = int(record.step) // self.histogram_interval
