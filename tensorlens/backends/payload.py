@@ -9,8 +9,9 @@ thousands of keys:
   - a histogram of every parameter tensor (``weights``, ``biases``, ``gradients``: what
     ``wandb.watch`` users expect), like ``wandb.watch`` not at every step: at the first saved
     step of every :data:`DEFAULT_HISTOGRAM_INTERVAL` train steps (``tracker_histogram_interval``;
-    ``1``: every saved step, as ``"all"`` and lists send them); activations are seen through their panels (a histogram per
-    module output is one of ``"all"``'s, or of a list naming ``"histogram"``);
+    ``1``: every saved step, as ``"all"`` and lists send them); activations are seen through
+    their panels (a histogram per module output is one of ``"all"``'s, or of a list naming
+    ``"histogram"``);
   - one **panel per collection and statistic holding every layer** (:class:`LayerPanel`): the
     ``l2`` of each collection (``std`` for one without ``l2``; for ``activation_gradients`` and
     ``input_gradients``, whose tensors are per-sample parts, the mean per-sample norm), the
@@ -364,7 +365,6 @@ class PayloadSelector:
         )
         return Payload(tuple(scalars), globals_, histograms, panels)  # type: ignore[arg-type]
 
-
     def _histograms_due(self, record: StepRecord) -> bool:
         """Whether ``record`` sends its histograms: the first record of its mode and worker in each
         window of :attr:`histogram_interval` steps (steps 0, 100, 200 saved every 5; 0, 105, 203
@@ -382,7 +382,7 @@ class PayloadSelector:
         return True
 
 
-# (id of the run, choice) -> the selector its backends share; a selector holds its run, so the id
+# (id of the run, choice, histogram interval) -> the selector its backends share; a selector holds its run, so the id
 # is not reused while the entry lives, and the entry goes with the last backend holding it
 _SHARED: weakref.WeakValueDictionary[tuple[int, TrackerStats, int], _SharedSelector] = weakref.WeakValueDictionary()
 _SHARED_LOCK = threading.Lock()

@@ -189,11 +189,12 @@ def test_all_and_lists_send_every_histogram_unless_given_an_interval() -> None:
     assert all(t == [*PARAMETER_HISTOGRAMS, "losses/per_sample"] for t in sent.values())
 
 
-def test_the_interval_comes_from_the_backend_then_the_run() -> None:
+def test_the_interval_comes_from_the_backend_then_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
     class Mine(Backend):
         def write(self, record: StepRecord) -> None:
             pass
 
+    monkeypatch.delenv(TRACKER_STATS_ENV, raising=False)
     backend = Mine()
     assert backend.open_payload(RunInfo("r", "/tmp/r")).histogram_interval == 100
     assert backend.open_payload(RunInfo("r", "/tmp/r", tracker_stats="all")).histogram_interval == 1
