@@ -357,9 +357,12 @@ class PayloadSelector:
             histograms = record.histograms
         else:
             histograms = tuple(record.histogram(t) for t in layout.histograms)  # type: ignore[misc]
-        if histograms and not self._histograms_due(record):
-            # between two due steps only the collections that always go keep theirs
-            histograms = tuple(h for h in histograms if h.tensor.partition("/")[0] in ALWAYS_COLLECTIONS)
+        if histograms and self.histogram_interval > 1:
+            # between two due steps only the collections that always go keep theirs; a record with
+            # nothing to withhold (only a loss's histogram) leaves its window to the next record
+            kept = tuple(h for h in histograms if h.tensor.partition("/")[0] in ALWAYS_COLLECTIONS)
+            if len(kept) < len(histograms) and not self._histograms_due(record):
+                histograms = kept
         panels = tuple(
             LayerPanel(collection, stat, layers, values[positions]) for collection, stat, layers, positions in layout.panels
         )
@@ -371,7 +374,7 @@ class PayloadSelector:
         saved every 7). Records come in step order, so this depends on the steps alone: a sync
         sends the same ones (one that continues an earlier sync counts from its first record,
         which sends its histograms). Records of an eval or predict step always send theirs."""
-        if self.histogram_interval <= 1 or record.mode not in _STEP_MODES:
+        if record.mode not in _STEP_MODES:
             return True
         window = int(record.step) // self.histogram_interval
         key = (record.mode, record.worker)
@@ -382,8 +385,8 @@ class PayloadSelector:
         return True
 
 
-# (id of the run, choice, histogram interval) -> the selector its backends share; a selector holds its run, so the id
-# is not reused while the entry lives, and the entry goes with the last backend holding it
+# (id of the run, choice, histogram interval) -> the selector its backends share; a selector holds
+# its run, so the id is not reused while the entry lives, and the entry goes with the last backend holding it
 _SHARED: weakref.WeakValueDictionary[tuple[int, TrackerStats, int], _SharedSelector] = weakref.WeakValueDictionary()
 _SHARED_LOCK = threading.Lock()
 

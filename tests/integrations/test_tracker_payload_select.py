@@ -171,6 +171,20 @@ def test_default_sends_the_parameter_histograms_once_per_100_steps() -> None:
         assert dict(payload.scalars)["dynamics/global/grad_norm"] == 2.0 and len(payload.panels) == 5
 
 
+def test_a_record_with_only_a_losss_histogram_leaves_the_window_to_the_parameters() -> None:
+    # the parameters saved at steps 50, 150, 250 (a collection's own schedule), a loss every 5 steps
+    selector = PayloadSelector("default")
+    sent = []
+    for step in range(0, 300, 5):
+        r = with_loss_histogram(step)
+        if step % 100 != 50:
+            loss_only = [h for h in r.histograms if h.tensor.startswith("losses/")]
+            r = StepRecord(step, "train", step, "worker_0", 0.0, scalars=list(r.scalars), histograms=loss_only)
+        if "weights/fc1.weight" in [h.tensor for h in selector.select(r).histograms]:
+            sent.append(step)
+    assert sent == [50, 150, 250]
+
+
 def test_the_interval_counts_each_worker_and_leaves_eval_steps_whole() -> None:
     selector = PayloadSelector("default")
     for worker in ("worker_0", "worker_1"):  # each worker's first record sends its histograms
