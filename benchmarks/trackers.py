@@ -180,6 +180,12 @@ def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: torch.
     return float(loss)
 
 
+def payload_options(args: argparse.Namespace) -> dict[str, Any]:
+    """What the trackers were sent, for the report's ``meta``."""
+    return {"tracker_stats": args.tracker_stats or os.environ.get("TENSORLENS_TRACKER_STATS") or "default",
+            "tracker_histogram_interval": args.tracker_histogram_interval}
+
+
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     folder, batch, models, optimizers = setup(args, "tl-bench-trackers-")
     times: dict[str, list[float]] = {name: [] for name in models}
@@ -253,8 +259,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "python": platform.python_version(), "torch": torch.__version__, "threads": args.threads,
             "layers": args.layers, "width": args.width, "batch": args.batch, "seq": args.seq,
             "save_interval": args.save_interval, "block": args.block, "rounds": args.rounds,
-            "tracker_stats": args.tracker_stats or os.environ.get("TENSORLENS_TRACKER_STATS") or "default",
-            "tracker_histogram_interval": args.tracker_histogram_interval,
+            **payload_options(args),
             "tensorlens_backends": "local" if args.local_only else ", ".join(["local", *args.backends]),
         },
         "result": result,
@@ -266,7 +271,7 @@ def run_breakdown(args: argparse.Namespace) -> dict[str, Any]:
     """CPU time per saved step, part by part (see the module docstring, ``--breakdown``)."""
     from tensorlens.backends.local import LocalBackend
     from tensorlens.backends.memory import MemoryBackend
-    from tensorlens.backends.payload import PayloadSelector
+    from tensorlens.backends.payload import PayloadSelector, resolve_tracker_stats
 
     folder, batch, models, optimizers = setup(args, "tl-bench-breakdown-")
     memory = MemoryBackend()
@@ -305,8 +310,10 @@ def run_breakdown(args: argparse.Namespace) -> dict[str, Any]:
             spent.append(time.thread_time() - start)
         return 1e3 * statistics.fmean(spent[2:] or spent)
 
+    # the run's own choice, as its trackers resolve it (Backend.open_payload)
+    run_info = memory.run
     parts["payload's choice (once per record, shared by the trackers)"] = per_record(
-        PayloadSelector(args.tracker_stats or "default")._choose)
+        PayloadSelector(resolve_tracker_stats(None, run_info.tracker_stats), run_info.tracker_histogram_interval)._choose)
     backends: dict[str, Any] = {"local": LocalBackend}
     with contextlib.nullcontext() if args.local_only else trackers(folder), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -321,7 +328,7 @@ def run_breakdown(args: argparse.Namespace) -> dict[str, Any]:
         for name, make in backends.items():
             backend = make()
             # a RunInfo of its own: its own payload selector (the writes below include a choice)
-            run = dataclasses.replace(memory.run, run_dir=os.path.join(folder, f"run-{name}"))
+            run = dataclasses.replace(run_info, run_dir=os.path.join(folder, f"run-{name}"))
             os.makedirs(run.run_dir, exist_ok=True)
             backend.open(run)
             backend.write_metadata(memory.metadata or {})
@@ -340,8 +347,7 @@ def run_breakdown(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "meta": {"layers": args.layers, "width": args.width, "batch": args.batch, "seq": args.seq,
                  "save_interval": args.save_interval, "threads": args.threads, "records": len(records),
-                 "tracker_stats": args.tracker_stats or os.environ.get("TENSORLENS_TRACKER_STATS") or "default",
-                 "tracker_histogram_interval": args.tracker_histogram_interval},
+                 **payload_options(args)},
         "baseline_step_cpu_ms": ms["baseline"],
         "saved_step_cpu_ms": ms["saved"],
         "other_step_cpu_ms": ms["other"],
