@@ -68,8 +68,8 @@ def watch(
     (``docs/dynamics.md``). ``epoch_statistics`` chooses what ``hook.end_epoch()`` aggregates.
     ``save_config``, ``include_regex``, ``max_pending_steps``, ``collective_timeout`` and
     ``scales_plot_interval`` are :class:`Hook`'s, as are ``tracker_stats`` and
-    ``tracker_histogram_interval`` (what each tracker receives: :mod:`tensorlens.backends.payload`); ``options`` (a :class:`tl.Options`) gives them all
-    at once (see :mod:`tensorlens.options`).
+    ``tracker_histogram_interval`` (what each tracker receives: :mod:`tensorlens.backends.payload`);
+    ``options`` (a :class:`tl.Options`) gives them all at once (see :mod:`tensorlens.options`).
 
     >>> hook = watch(model)            # doctest: +SKIP
     >>> ...train...                    # doctest: +SKIP
